@@ -1,0 +1,153 @@
+"""Model-facing rendering of shell results: the exact strings a model reads (SPEC §5).
+
+``render_result`` turns a foreground ``ShellRunResult`` into text whose last line is the
+exit-status marker; ``parse_exit_status`` inverts that marker for presenters (terminal cards
+show the status as a separate pill). The background strings (start acknowledgement, status
+details, lossy-read markers) live here too, so every model-facing shell string has one home.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from typing import TypedDict
+
+from .types import CollectedOutput, ShellRunResult
+
+_EXIT_MARKER = re.compile(r"\[exit code: (-?[0-9]+)\]")
+_SIGNAL_MARKER = re.compile(r"\[killed by signal: (.+)\]")
+
+
+class ExitStatus(TypedDict, total=False):
+    """A parsed final marker: exactly one key, ``exit_code`` or ``signal``."""
+
+    exit_code: int
+    signal: str
+
+
+def join_parts(parts: Iterable[str]) -> str:
+    """Concatenate ``parts``, inserting ``\\n`` after any part (but the last) lacking one.
+
+    This is the one joining rule of model-facing text: output that already ends with a
+    newline is not followed by a blank line, and the final part keeps its exact ending.
+    """
+    pieces = [part for part in parts if part]
+    out: list[str] = []
+    for i, part in enumerate(pieces):
+        out.append(part)
+        if i < len(pieces) - 1 and not part.endswith("\n"):
+            out.append("\n")
+    return "".join(out)
+
+
+def _truncation_marker(stream: CollectedOutput) -> str:
+    if stream.spill_path is None:
+        return "[output truncated; full output unavailable]"
+    if not stream.spill_truncated:
+        return f"[output truncated; full output: {stream.spill_path}]"
+    # The result does not carry the spill cap, so the saved head's size is read from the
+    # file itself; a spill file that is already gone cannot be offered to the model.
+    try:
+        saved_bytes = os.stat(stream.spill_path).st_size
+    except OSError:
+        return "[output truncated; full output unavailable]"
+    return f"[output truncated; first {saved_bytes} bytes saved: {stream.spill_path}]"
+
+
+def _exit_status_marker(exit_code: int | None, signal: str | None) -> str | None:
+    """The final marker line for a termination, or None when there is nothing to report.
+
+    A signal wins over an exit code. Neither is set only for a run that never spawned (its
+    abort signal had already fired): no status is invented for it.
+    """
+    if signal is not None:
+        return f"[killed by signal: {signal}]"
+    if exit_code is not None:
+        return f"[exit code: {exit_code}]"
+    return None
+
+
+def render_result(result: ShellRunResult) -> str:
+    """Render a foreground result exactly as SPEC §5 "Rendering" orders it.
+
+    stdout; ``[stderr]`` + stderr; ``(no output)`` when both are empty; truncation markers
+    (stdout first); the sandbox-denial, timeout and leftover-process markers; and last the
+    exit-status marker, without a trailing newline.
+    """
+    stdout, stderr = result.stdout, result.stderr
+    parts: list[str] = [stdout.text]
+    if stderr.text:
+        parts += ["[stderr]", stderr.text]
+    if not stdout.text and not stderr.text:
+        parts.append("(no output)")
+    parts += [_truncation_marker(s) for s in (stdout, stderr) if s.truncated]
+    if result.sandbox is not None and result.sandbox.denied:
+        parts.append(f"[sandbox: file access denied under {result.sandbox.mode} mode]")
+    if result.timed_out:
+        parts.append(f"[timed out after {result.timeout_ms}ms]")
+    if result.leftover_killed == 1:
+        parts.append("[stopped 1 leftover background process]")
+    elif result.leftover_killed > 1:
+        parts.append(f"[stopped {result.leftover_killed} leftover background processes]")
+    final = _exit_status_marker(result.exit_code, result.signal)
+    if final is not None:
+        parts.append(final)
+    return join_parts(parts)
+
+
+def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
+    """Split ``text`` into ``(body, status)`` by inverting its final exit-status marker.
+
+    Only the last line is examined. When it is exactly ``[exit code: N]`` the status is
+    ``{"exit_code": N}``; when it is exactly ``[killed by signal: NAME]`` it is
+    ``{"signal": NAME}``; ``body`` is then the text before that line without the newline
+    preceding it. Otherwise the status is None and ``body`` is ``text`` unchanged.
+
+    Known presentation-only residue (as in the seed): the parser cannot tell a rendered
+    marker from output whose own last line looks like one. Text that did not come from
+    ``render_result`` but ends in such a line has that line consumed as the status. Output
+    rendered by ``render_result`` is always followed by the real marker, which is the one
+    consumed, so a marker-looking output line stays in the body there.
+    """
+    head, newline, last = text.rpartition("\n")
+    body = head if newline else ""
+    if m := _EXIT_MARKER.fullmatch(last):
+        return body, {"exit_code": int(m.group(1))}
+    if m := _SIGNAL_MARKER.fullmatch(last):
+        return body, {"signal": m.group(1)}
+    return text, None
+
+
+def render_background_started(task_id: str) -> str:
+    """The acknowledgement of a background start."""
+    return f"started background task {task_id}"
+
+
+def render_termination(exit_code: int | None, signal: str | None) -> str:
+    """Background status details: ``exit code: <n>`` and/or ``signal: <SIGNAME>``, comma-joined.
+
+    Empty when neither is known (a running task, or one whose spawn failed).
+    """
+    details: list[str] = []
+    if exit_code is not None:
+        details.append(f"exit code: {exit_code}")
+    if signal is not None:
+        details.append(f"signal: {signal}")
+    return ", ".join(details)
+
+
+def render_lossy_markers(
+    lossy: bool, stdout_spill_path: str | None, stderr_spill_path: str | None
+) -> list[str]:
+    """One marker per spilled stream of a lossy background read (stdout first).
+
+    A lossy read whose streams left no spill file still says that output was dropped, so
+    the loss is never silent.
+    """
+    if not lossy:
+        return []
+    paths = [p for p in (stdout_spill_path, stderr_spill_path) if p is not None]
+    if not paths:
+        return ["[some output was dropped from memory; full output unavailable]"]
+    return [f"[some output was dropped from memory; full output: {p}]" for p in paths]
