@@ -8,7 +8,6 @@ import time
 
 import pytest
 from fakes import FakeProcess
-
 from shellseam.tasks import TaskInfo, TaskNotFound, TaskRead, TaskRuntime
 
 
@@ -78,7 +77,8 @@ def test_read_is_consuming_and_reports_status() -> None:
     proc = FakeProcess()
     tid = rt.start("bash", "s", proc, "count things")
     proc.feed("one\n", "warn\n")
-    assert rt.read(tid, "s") == TaskRead(tid, "running", None, None, "one\n\n[stderr]\nwarn\n", False)
+    first = TaskRead(tid, "running", None, None, "one\n\n[stderr]\nwarn\n", False)
+    assert rt.read(tid, "s") == first
     assert rt.read(tid, "s").delta == ""
     proc.feed("two\n")
     proc.drop("/spill/out", None)
