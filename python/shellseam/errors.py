@@ -1,0 +1,31 @@
+"""The one exception type of the seam: ``ShellError`` with a stable ``.code``.
+
+Callers branch on ``.code`` (the contract), never on the message or the subclass.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+ShellErrorCode = Literal["SPAWN_FAILED", "SANDBOX_UNAVAILABLE", "INVALID_REQUEST", "DISPOSED"]
+
+SPAWN_FAILED: Final = "SPAWN_FAILED"
+SANDBOX_UNAVAILABLE: Final = "SANDBOX_UNAVAILABLE"
+INVALID_REQUEST: Final = "INVALID_REQUEST"
+DISPOSED: Final = "DISPOSED"
+
+
+class ShellError(Exception):
+    """An infrastructure or request failure of the shell seam.
+
+    ``code`` is one of ``SPAWN_FAILED``, ``SANDBOX_UNAVAILABLE``, ``INVALID_REQUEST``,
+    ``DISPOSED``; ``reason`` is the human text without the code.
+    """
+
+    code: ShellErrorCode
+    reason: str
+
+    def __init__(self, code: ShellErrorCode, reason: str) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason

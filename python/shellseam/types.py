@@ -1,0 +1,107 @@
+"""The seam's vocabulary: requests, resolved specs, results and background reads.
+
+Field names are the snake_case renderings of the seeds' camelCase; ``None`` plays the
+seeds' ``undefined``. Everything here is a frozen value: executors build them, callers
+read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .abort import AbortSignal
+
+SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
+SandboxEnforcement = Literal["full", "partial"]
+ProcessStatus = Literal["running", "completed", "killed"]
+
+SANDBOX_MODES: tuple[SandboxMode, ...] = ("read-only", "workspace-write", "danger-full-access")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxPolicy:
+    """What one sandboxed call may touch."""
+
+    mode: SandboxMode
+    workspace_root: str
+    writable_roots: tuple[str, ...] = ()
+    network: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShellExecRequest:
+    """A caller's request; optional fields are filled by ``ShellExecutor.resolve``."""
+
+    command: str
+    workdir: str | None = None
+    timeout_ms: int | None = None
+    stdout_max_bytes: int | None = None
+    signal: AbortSignal | None = None
+    stdin: str | bytes | None = None
+    env: Mapping[str, str] | None = None
+    managed_env: Mapping[str, str] | None = None
+    sandbox_policy: SandboxPolicy | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShellExecSpec:
+    """A fully resolved request: every field explicit (no defaults on purpose)."""
+
+    command: str
+    workdir: str
+    timeout_ms: int
+    stdout_max_bytes: int
+    signal: AbortSignal | None
+    stdin: str | bytes | None
+    env: Mapping[str, str] | None
+    managed_env: Mapping[str, str] | None
+    sandbox_policy: SandboxPolicy | None
+
+
+@dataclass(frozen=True)
+class CollectedOutput:
+    """One stream of a finished run: its (tail) text and how to recover the rest."""
+
+    text: str
+    truncated: bool
+    spill_path: str | None
+    total_bytes: int
+    spill_truncated: bool
+
+
+@dataclass(frozen=True)
+class ShellSandboxInfo:
+    """Sandbox facts of one run, present iff a sandboxing executor handled it."""
+
+    mode: SandboxMode
+    denied: bool
+    enforcement: SandboxEnforcement | None = None
+    runner_failed: bool = False
+
+
+@dataclass(frozen=True)
+class ShellRunResult:
+    """The outcome of one completed (or killed) foreground run."""
+
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    aborted: bool
+    timeout_ms: int
+    stdout: CollectedOutput
+    stderr: CollectedOutput
+    duration_ms: float
+    leftover_killed: int = 0
+    sandbox: ShellSandboxInfo | None = None
+
+
+@dataclass(frozen=True)
+class ShellProcessRead:
+    """One consuming read of a background process."""
+
+    delta: str
+    lossy: bool
+    stdout_spill_path: str | None = None
+    stderr_spill_path: str | None = None

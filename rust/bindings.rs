@@ -1,0 +1,374 @@
+//! The Python face of the core (`shellseam._core`): small, frozen classes that return
+//! primitives. Python adds the dataclasses, defaults and asyncio; every blocking call here
+//! releases the GIL, and long waits check for Python signals between short slices.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::collector::{Collected, Delta};
+use crate::env::{EnvLayers, EnvPair, build_env as core_build_env};
+use crate::errors::CoreError;
+use crate::landlock;
+use crate::spawn::SpawnPlan;
+use crate::supervisor::{Notifier as CoreNotifier, Proc as CoreProc, ProcConfig, Service};
+
+create_exception!(_core, SpawnError, PyException, "A spawn failed: args are (stage, errno, message).");
+create_exception!(_core, DisposedError, PyException, "The service has been disposed.");
+create_exception!(_core, SandboxError, PyException, "A Landlock ruleset could not be built.");
+
+/// Slice length of GIL-released waits between checks for Python signals (Ctrl-C).
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+fn to_py_err(err: CoreError) -> PyErr {
+    match err {
+        CoreError::Disposed => DisposedError::new_err("the subprocess service has been disposed"),
+        CoreError::Invalid(msg) => PyValueError::new_err(msg),
+        CoreError::Spawn(e) => {
+            SpawnError::new_err((e.stage.name(), e.errno, e.strerror()))
+        }
+        CoreError::Io(e) => PyOSError::new_err(e.to_string()),
+    }
+}
+
+fn cstring(bytes: Vec<u8>, what: &str) -> PyResult<CString> {
+    CString::new(bytes).map_err(|_| PyValueError::new_err(format!("{what} contains a NUL byte")))
+}
+
+fn path_str(p: &Option<PathBuf>) -> Option<String> {
+    p.as_ref().map(|p| p.to_string_lossy().into_owned())
+}
+
+type CollectedTuple = (String, bool, Option<String>, u64, bool);
+
+fn collected_tuple(c: Collected) -> CollectedTuple {
+    let spill = path_str(&c.spill_path);
+    (c.text, c.truncated, spill, c.total_bytes, c.spill_truncated)
+}
+
+type DeltaTuple = (String, bool, Option<String>);
+
+fn delta_tuple(d: Delta) -> DeltaTuple {
+    let spill = path_str(&d.spill_path);
+    (d.text, d.lossy, spill)
+}
+
+/// Waits in GIL-released slices so that Ctrl-C reaches Python while a command runs.
+fn wait_with_signals(
+    py: Python<'_>,
+    timeout: Option<f64>,
+    mut wait: impl FnMut(Duration) -> bool + Send,
+) -> PyResult<bool> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+    loop {
+        let slice = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                left.min(WAIT_SLICE)
+            }
+            None => WAIT_SLICE,
+        };
+        if py.detach(|| wait(slice)) {
+            return Ok(true);
+        }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Ok(false);
+        }
+        py.check_signals()?;
+    }
+}
+
+/// Wakes an asyncio loop (it watches `fd`) when subscribed processes finish.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Notifier {
+    inner: Arc<CoreNotifier>,
+}
+
+#[pymethods]
+impl Notifier {
+    #[new]
+    fn new() -> PyResult<Self> {
+        Ok(Self {
+            inner: Arc::new(CoreNotifier::new().map_err(|e| PyOSError::new_err(e.to_string()))?),
+        })
+    }
+
+    /// The eventfd to watch for readability.
+    #[getter]
+    fn fd(&self) -> i32 {
+        self.inner.fd()
+    }
+
+    /// Tokens of processes finished since the last call; never blocks.
+    fn take(&self) -> Vec<u64> {
+        self.inner.take()
+    }
+
+    /// Blocks (GIL released) until a token is queued or `timeout` seconds pass.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> Vec<u64> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.wait(timeout.map(|t| Duration::from_secs_f64(t.max(0.0)))))
+    }
+}
+
+/// One managed process group.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Proc {
+    inner: Arc<CoreProc>,
+}
+
+#[pymethods]
+impl Proc {
+    #[getter]
+    fn pid(&self) -> i32 {
+        self.inner.pid
+    }
+
+    #[getter]
+    fn token(&self) -> u64 {
+        self.inner.token
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.is_done()
+    }
+
+    /// SIGTERM to the group now, SIGKILL after the grace period; False when already
+    /// finished or a kill is already under way.
+    fn kill(&self, py: Python<'_>) -> bool {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.kill())
+    }
+
+    /// Waits until done (GIL released); False when `timeout` seconds passed first.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let inner = Arc::clone(&self.inner);
+        wait_with_signals(py, timeout, move |slice| inner.wait(Some(slice)))
+    }
+
+    fn subscribe(&self, notifier: &Notifier) {
+        self.inner.subscribe(Arc::clone(&notifier.inner));
+    }
+
+    /// (exit_code, signal_number, duration_ms, leftover_killed, kill_requested,
+    ///  user_cpu_ms, system_cpu_ms, max_rss_kib), or None while running.
+    #[allow(clippy::type_complexity)]
+    fn outcome(&self) -> Option<(Option<i32>, Option<i32>, f64, u32, bool, f64, f64, i64)> {
+        self.inner.outcome().map(|o| {
+            (
+                o.exit_code,
+                o.signal,
+                o.duration.as_secs_f64() * 1000.0,
+                o.leftover_killed,
+                o.kill_requested,
+                o.user_cpu.as_secs_f64() * 1000.0,
+                o.system_cpu.as_secs_f64() * 1000.0,
+                o.max_rss_kib,
+            )
+        })
+    }
+
+    /// ((text, truncated, spill_path, total_bytes, spill_truncated) for stdout, then stderr).
+    fn collected(&self) -> (CollectedTuple, CollectedTuple) {
+        let (out, err) = self.inner.collected();
+        (collected_tuple(out), collected_tuple(err))
+    }
+
+    /// Consuming read: ((text, lossy, spill_path) for stdout, then stderr).
+    fn read(&self) -> (DeltaTuple, DeltaTuple) {
+        let (out, err) = self.inner.read();
+        (delta_tuple(out), delta_tuple(err))
+    }
+}
+
+/// A prepared Landlock ruleset (an fd the child enforces before exec).
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Ruleset {
+    fd: OwnedFd,
+    #[pyo3(get)]
+    enforcement: &'static str,
+    #[pyo3(get)]
+    missing: Vec<String>,
+}
+
+/// Builds the ruleset of a confined mode: read+execute everywhere, full access under
+/// `writable_roots`, TCP denied when `network` is False (where the kernel can).
+#[pyfunction]
+#[pyo3(signature = (writable_roots, network))]
+fn build_ruleset(writable_roots: Vec<String>, network: bool) -> PyResult<Ruleset> {
+    let rs = landlock::build(&landlock::Policy {
+        writable_roots,
+        network,
+    })
+    .map_err(|e| SandboxError::new_err(e.to_string()))?;
+    Ok(Ruleset {
+        fd: rs.fd,
+        enforcement: rs.enforcement.name(),
+        missing: rs.missing,
+    })
+}
+
+#[pyfunction]
+fn landlock_abi() -> i32 {
+    landlock::abi()
+}
+
+/// Requested features this kernel lacks for a confined mode (empty: full enforcement).
+#[pyfunction]
+fn landlock_missing(network: bool) -> Vec<String> {
+    landlock::missing_features(landlock::abi(), network)
+}
+
+/// Names of the filesystem rights the running kernel can handle.
+#[pyfunction]
+fn landlock_fs_rights() -> Vec<&'static str> {
+    landlock::describe_fs_rights(landlock::kernel_fs_rights())
+}
+
+/// The supervisor of one subprocess service.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Supervisor {
+    inner: Arc<Service>,
+}
+
+#[pymethods]
+impl Supervisor {
+    #[new]
+    fn new(spill_parent: PathBuf) -> PyResult<Self> {
+        Ok(Self {
+            inner: Arc::new(Service::new(spill_parent).map_err(|e| PyOSError::new_err(e.to_string()))?),
+        })
+    }
+
+    #[getter]
+    fn spill_dir(&self) -> Option<String> {
+        self.inner.spill_dir().map(|p| p.to_string_lossy().into_owned())
+    }
+
+    #[getter]
+    fn running(&self) -> usize {
+        self.inner.running()
+    }
+
+    #[getter]
+    fn disposed(&self) -> bool {
+        self.inner.is_disposed()
+    }
+
+    #[getter]
+    fn has_thread(&self) -> bool {
+        self.inner.has_supervisor_thread()
+    }
+
+    /// Spawns `argv` (program path `program`) in a new process group.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None))]
+    fn spawn(
+        &self,
+        py: Python<'_>,
+        program: Vec<u8>,
+        argv: Vec<Vec<u8>>,
+        cwd: Vec<u8>,
+        env: Vec<(Vec<u8>, Vec<u8>)>,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        stderr_cap: usize,
+        spill_cap: u64,
+        grace_ms: u64,
+        ruleset: Option<&Ruleset>,
+    ) -> PyResult<Proc> {
+        let argv = argv
+            .into_iter()
+            .map(|a| cstring(a, "an argument"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let envp = env
+            .into_iter()
+            .map(|(mut k, v)| {
+                if k.is_empty() || k.contains(&b'=') {
+                    return Err(PyValueError::new_err("invalid environment variable name"));
+                }
+                k.push(b'=');
+                k.extend_from_slice(&v);
+                cstring(k, "the environment")
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let plan = SpawnPlan {
+            program: cstring(program, "the program path")?,
+            argv,
+            envp,
+            cwd: cstring(cwd, "the working directory")?,
+            landlock_ruleset: ruleset.map(|r| r.fd.as_raw_fd()),
+        };
+        let cfg = ProcConfig {
+            stdout_cap,
+            stderr_cap,
+            spill_cap,
+            grace: Duration::from_millis(grace_ms),
+            stdin,
+        };
+        let inner = Arc::clone(&self.inner);
+        let proc = py.detach(move || inner.spawn(&plan, cfg)).map_err(to_py_err)?;
+        Ok(Proc { inner: proc })
+    }
+
+    /// Kills (with escalation) and reaps every process, stops the supervisor thread and
+    /// removes the spill directory unless `keep_spill`.
+    #[pyo3(signature = (keep_spill=false))]
+    fn dispose(&self, py: Python<'_>, keep_spill: bool) {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.dispose(keep_spill));
+    }
+}
+
+/// The child environment: `base` minus scrubbed and managed names, then `terminal`,
+/// `extra` (managed-prefix names ignored) and `managed`, later layers winning.
+#[pyfunction]
+fn build_env<'py>(
+    py: Python<'py>,
+    base: Vec<EnvPair>,
+    scrub_patterns: Vec<String>,
+    managed_prefix: String,
+    terminal: Vec<EnvPair>,
+    extra: Vec<EnvPair>,
+    managed: Vec<EnvPair>,
+) -> Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    core_build_env(&EnvLayers {
+        base: &base,
+        scrub_patterns: &scrub_patterns,
+        managed_prefix: &managed_prefix,
+        terminal: &terminal,
+        extra: &extra,
+        managed: &managed,
+    })
+    .into_iter()
+    .map(|(k, v)| (PyBytes::new(py, &k), PyBytes::new(py, &v)))
+    .collect()
+}
+
+#[pymodule]
+#[pyo3(name = "_core")]
+pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Supervisor>()?;
+    m.add_class::<Proc>()?;
+    m.add_class::<Notifier>()?;
+    m.add_class::<Ruleset>()?;
+    m.add_function(wrap_pyfunction!(build_env, m)?)?;
+    m.add_function(wrap_pyfunction!(build_ruleset, m)?)?;
+    m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;
+    m.add_function(wrap_pyfunction!(landlock_missing, m)?)?;
+    m.add_function(wrap_pyfunction!(landlock_fs_rights, m)?)?;
+    m.add("SpawnError", m.py().get_type::<SpawnError>())?;
+    m.add("DisposedError", m.py().get_type::<DisposedError>())?;
+    m.add("SandboxError", m.py().get_type::<SandboxError>())?;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! Per-stream bounded collector: an in-memory tail plus a spill file with the full stream.
+//!
+//! The collector keeps the stream's head in memory until it outgrows `cap`; at that moment
+//! it opens a spill file, writes everything so far (byte 0 onwards) and from then on streams
+//! every chunk to the file, up to `spill_cap`. Memory holds only the last `cap` bytes
+//! (physically at most twice that, so that trimming is amortised O(1) per byte). A consuming
+//! cursor serves background reads: unread bytes older than the tail are dropped and flagged.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use crate::utf8;
+
+/// Opens a fresh spill file on demand.
+pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(File, PathBuf)>;
+
+#[derive(Debug)]
+pub struct Collector {
+    cap: usize,
+    spill_cap: u64,
+    buf: Vec<u8>,
+    total: u64,
+    spill_file: Option<File>,
+    spill_path: Option<PathBuf>,
+    spill_written: u64,
+    spill_truncated: bool,
+    spill_failed: bool,
+    read_pos: u64,
+}
+
+/// A snapshot of a finished (or running) stream, as the foreground result needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collected {
+    pub text: String,
+    pub truncated: bool,
+    pub spill_path: Option<PathBuf>,
+    pub total_bytes: u64,
+    pub spill_truncated: bool,
+}
+
+/// One consuming read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub text: String,
+    pub lossy: bool,
+    pub spill_path: Option<PathBuf>,
+}
+
+impl Collector {
+    pub fn new(cap: usize, spill_cap: u64) -> Self {
+        Self {
+            cap: cap.max(1),
+            spill_cap,
+            buf: Vec::new(),
+            total: 0,
+            spill_file: None,
+            spill_path: None,
+            spill_written: 0,
+            spill_truncated: false,
+            spill_failed: false,
+            read_pos: 0,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub fn truncated(&self) -> bool {
+        self.total > self.cap as u64
+    }
+
+    /// Offset of the first byte still held in `buf`.
+    fn buf_start(&self) -> u64 {
+        self.total - self.buf.len() as u64
+    }
+
+    /// Offset of the first byte of the logical tail (the last `cap` bytes).
+    fn window_start(&self) -> u64 {
+        self.total - (self.buf.len().min(self.cap) as u64)
+    }
+
+    pub fn push(&mut self, chunk: &[u8], open_spill: SpillOpener<'_>) {
+        if chunk.is_empty() {
+            return;
+        }
+        let before = self.total;
+        self.total += chunk.len() as u64;
+        if self.spill_file.is_some() {
+            self.write_spill(chunk);
+        } else if self.total > self.cap as u64 && !self.spill_failed {
+            // Nothing was dropped yet (before <= cap), so buf holds the complete head.
+            debug_assert_eq!(before, self.buf.len() as u64);
+            match open_spill() {
+                Ok((file, path)) => {
+                    self.spill_file = Some(file);
+                    self.spill_path = Some(path);
+                    let head = std::mem::take(&mut self.buf);
+                    self.write_spill(&head);
+                    self.buf = head;
+                    self.write_spill(chunk);
+                }
+                Err(_) => self.spill_failed = true,
+            }
+        }
+        if chunk.len() >= self.cap {
+            self.buf.clear();
+            self.buf.extend_from_slice(&chunk[chunk.len() - self.cap..]);
+        } else {
+            self.buf.extend_from_slice(chunk);
+            if self.buf.len() > 2 * self.cap {
+                let excess = self.buf.len() - self.cap;
+                self.buf.drain(..excess);
+            }
+        }
+    }
+
+    fn write_spill(&mut self, bytes: &[u8]) {
+        let Some(file) = self.spill_file.as_mut() else {
+            return;
+        };
+        let room = self.spill_cap.saturating_sub(self.spill_written);
+        let take = (bytes.len() as u64).min(room) as usize;
+        if take < bytes.len() {
+            self.spill_truncated = true;
+        }
+        if take > 0 {
+            if file.write_all(&bytes[..take]).is_err() {
+                // A full disk: the file keeps the head it got; say so instead of lying.
+                self.spill_truncated = true;
+                self.spill_file = None;
+                return;
+            }
+            self.spill_written += take as u64;
+        }
+        if self.spill_truncated {
+            self.spill_file = None;
+        }
+    }
+
+    /// The logical tail as raw bytes.
+    pub fn tail_bytes(&self) -> &[u8] {
+        let keep = self.buf.len().min(self.cap);
+        &self.buf[self.buf.len() - keep..]
+    }
+
+    pub fn collected(&self) -> Collected {
+        let truncated = self.truncated();
+        let tail = self.tail_bytes();
+        let tail = if truncated {
+            utf8::skip_partial_start(tail)
+        } else {
+            tail
+        };
+        Collected {
+            text: String::from_utf8_lossy(tail).into_owned(),
+            truncated,
+            spill_path: self.spill_path.clone(),
+            total_bytes: self.total,
+            spill_truncated: self.spill_truncated,
+        }
+    }
+
+    /// Consumes the unread bytes. While the stream may still grow (`final_read` false), an
+    /// incomplete UTF-8 sequence at the end is left unread for the next call.
+    pub fn read(&mut self, final_read: bool) -> Delta {
+        let window = self.window_start();
+        let lossy = self.read_pos < window;
+        let start = self.read_pos.max(window);
+        let from = (start - self.buf_start()) as usize;
+        let mut bytes = &self.buf[from..];
+        if lossy {
+            bytes = utf8::skip_partial_start(bytes);
+        }
+        let skipped = (self.buf.len() - from - bytes.len()) as u64;
+        if !final_read {
+            bytes = utf8::trim_partial_end(bytes);
+        }
+        self.read_pos = start + skipped + bytes.len() as u64;
+        Delta {
+            text: String::from_utf8_lossy(bytes).into_owned(),
+            lossy,
+            spill_path: self.spill_path.clone(),
+        }
+    }
+
+    pub fn spill_path(&self) -> Option<&PathBuf> {
+        self.spill_path.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_spill() -> impl FnMut() -> io::Result<(File, PathBuf)> {
+        || Err(io::Error::other("no spill in this test"))
+    }
+
+    #[test]
+    fn small_stream_is_kept_whole() {
+        let mut c = Collector::new(10, 100);
+        let mut open = no_spill();
+        c.push(b"hello", &mut open);
+        let got = c.collected();
+        assert_eq!(got.text, "hello");
+        assert!(!got.truncated);
+        assert_eq!(got.total_bytes, 5);
+    }
+
+    #[test]
+    fn tail_never_starts_inside_a_code_point() {
+        let mut c = Collector::new(4, 100);
+        let mut open = no_spill();
+        c.push("aé€".as_bytes(), &mut open); // 1 + 2 + 3 bytes
+        let got = c.collected();
+        assert!(got.truncated);
+        assert_eq!(got.text, "€");
+    }
+
+    #[test]
+    fn consuming_reads_flag_dropped_bytes() {
+        let mut c = Collector::new(4, 100);
+        let mut open = no_spill();
+        c.push(b"ab", &mut open);
+        assert_eq!(c.read(false).text, "ab");
+        c.push(b"cdefgh", &mut open);
+        let d = c.read(false);
+        assert_eq!(d.text, "efgh");
+        assert!(d.lossy);
+        let d = c.read(false);
+        assert_eq!(d.text, "");
+        assert!(!d.lossy);
+    }
+
+    #[test]
+    fn partial_code_point_waits_for_the_rest() {
+        let mut c = Collector::new(64, 100);
+        let mut open = no_spill();
+        let euro = "€".as_bytes();
+        c.push(&euro[..2], &mut open);
+        assert_eq!(c.read(false).text, "");
+        c.push(&euro[2..], &mut open);
+        assert_eq!(c.read(false).text, "€");
+    }
+}

@@ -1,0 +1,81 @@
+//! Signalling and inspecting a process group.
+//!
+//! A group outlives its reaped leader while any member is alive, and the kernel keeps the
+//! pgid reserved for as long, so signalling `-pgid` after the leader's exit reaches exactly
+//! the leftovers.
+
+use std::fs;
+use std::io;
+
+/// Sends `sig` to every process of the group; a vanished group is not an error.
+pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> io::Result<bool> {
+    // SAFETY: kill(2) with a negative pid signals a group; no memory is involved.
+    if unsafe { libc::kill(-pgid, sig) } == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
+/// Whether any process is still in the group (zombies awaiting their reaper count too).
+pub fn group_alive(pgid: libc::pid_t) -> bool {
+    matches!(signal_group(pgid, 0), Ok(true))
+}
+
+/// Counts the live members of a group by scanning /proc; zombies are not counted, they
+/// are already dead and only wait for their parent.
+pub fn count_group(pgid: libc::pid_t) -> usize {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut count = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = fs::read_to_string(format!("/proc/{name}/stat")) else {
+            continue;
+        };
+        if let Some((state, pgrp)) = parse_stat(&stat) {
+            if pgrp == pgid && state != 'Z' && state != 'X' {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// (state, pgrp) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
+fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_comm() {
+        let line = "123 (a) b (c)) S 1 456 456 0 -1";
+        assert_eq!(parse_stat(line), Some(('S', 456)));
+    }
+
+    #[test]
+    fn own_group_is_alive_and_counted() {
+        // SAFETY: getpgrp has no preconditions.
+        let pgid = unsafe { libc::getpgrp() };
+        assert!(group_alive(pgid));
+        assert!(count_group(pgid) >= 1);
+    }
+}

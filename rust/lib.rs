@@ -1,0 +1,16 @@
+//! shellseam's process core: module wiring only. The pure core (spawn, supervisor,
+//! collector, spill, env, kill, landlock) builds and tests without Python; the bindings
+//! are behind the `python` feature that maturin enables.
+
+pub mod collector;
+pub mod env;
+pub mod errors;
+pub mod kill;
+pub mod landlock;
+pub mod spawn;
+pub mod spill;
+pub mod supervisor;
+pub mod utf8;
+
+#[cfg(feature = "python")]
+mod bindings;
