@@ -69,14 +69,16 @@ class FakeProcess:
             self._lossy = False
             return read
 
-    def finish(self, exit_code: int | None = 0, signal: str | None = None) -> None:
-        """Settle: ``completed`` unless a kill was requested or a signal ended it."""
+    def finish(
+        self, exit_code: int | None = 0, signal: str | None = None, killed: bool = False
+    ) -> None:
+        """Settle: ``completed`` unless killed, a kill was requested or a signal ended it."""
         with self._lock:
             if self.status != "running":
                 return
             self.exit_code = exit_code
             self.signal = signal
-            killed = self._kill_requested or signal is not None
+            killed = killed or self._kill_requested or signal is not None
             self.status = "killed" if killed else "completed"
             callbacks, self._callbacks = self._callbacks, []
             waiters, self._waiters = self._waiters, []
