@@ -106,6 +106,11 @@ impl Notifier {
         self.inner.fd()
     }
 
+    /// Wakes a blocked `wait` (it then returns an empty list).
+    fn wake(&self) {
+        self.inner.wake();
+    }
+
     /// Tokens of processes finished since the last call; never blocks.
     fn take(&self) -> Vec<u64> {
         self.inner.take()
@@ -319,6 +324,15 @@ impl Supervisor {
         let inner = Arc::clone(&self.inner);
         let proc = py.detach(move || inner.spawn(&plan, cfg)).map_err(to_py_err)?;
         Ok(Proc { inner: proc })
+    }
+
+    /// Refuses new spawns and requests the kill of every live process (no waiting).
+    fn begin_dispose(&self, py: Python<'_>) -> Vec<Proc> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.begin_dispose())
+            .into_iter()
+            .map(|inner| Proc { inner })
+            .collect()
     }
 
     /// Kills (with escalation) and reaps every process, stops the supervisor thread and

@@ -91,6 +91,11 @@ impl Notifier {
         eventfd_write(self.efd.as_raw_fd());
     }
 
+    /// Wakes a blocked `wait` without queueing a token.
+    pub fn wake(&self) {
+        eventfd_write(self.efd.as_raw_fd());
+    }
+
     /// Tokens of the processes that finished since the last call (never blocks).
     pub fn take(&self) -> Vec<u64> {
         eventfd_read(self.efd.as_raw_fd());
@@ -358,13 +363,20 @@ impl Service {
         Ok(proc)
     }
 
-    /// Kills (with escalation) and reaps every process, then stops the supervisor thread.
-    pub fn dispose(&self, keep_spill: bool) {
+    /// Refuses new spawns and requests the kill of every live process; returns them so
+    /// that an async caller can await their settlement before `dispose`.
+    pub fn begin_dispose(&self) -> Vec<Arc<Proc>> {
         self.shared.disposed.store(true, Ordering::SeqCst);
         let procs: Vec<Arc<Proc>> = lock(&self.shared.live).values().cloned().collect();
         for proc in &procs {
             proc.kill();
         }
+        procs
+    }
+
+    /// Kills (with escalation) and reaps every process, then stops the supervisor thread.
+    pub fn dispose(&self, keep_spill: bool) {
+        let procs = self.begin_dispose();
         for proc in &procs {
             proc.wait(None);
         }
@@ -729,7 +741,9 @@ fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
     match st.phase {
         Phase::Draining if due => begin_reap(proc, st, now),
         Phase::Reaping { sigkill_sent } => {
-            if !group_alive(proc.pid) {
+            // Count live members, not the group's existence: a killed orphan stays a
+            // zombie until init reaps it, and some inits (containers) take their time.
+            if !group_alive(proc.pid) || count_group(proc.pid) == 0 {
                 finish(proc, st, now);
             } else if due && !sigkill_sent {
                 let _ = signal_group(proc.pid, libc::SIGKILL);

@@ -1,0 +1,354 @@
+"""``LocalShellExecutor``: every call a fresh ``bash -c`` in its own process group.
+
+This layer owns the bash-level duties of the seam (seed 003): request defaults and caps,
+first-cause timeout/abort classification, the model-friendly terminal environment and the
+environment order, and turning native outcomes into ``ShellRunResult``. Process groups,
+draining, bounded collectors, spill files and kill escalation are the native core's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from . import _core
+from .errors import INVALID_REQUEST, ShellError
+from .executor import ShellExecutor
+from .process import ShellProcess, signal_name
+from .service import SubprocessService, default_service
+from .types import (
+    CollectedOutput,
+    SandboxPolicy,
+    ShellExecRequest,
+    ShellExecSpec,
+    ShellRunResult,
+    ShellSandboxInfo,
+)
+
+#: Settings that keep pagers and colour codes out of a model-read result (Codex's set).
+TERMINAL_ENV: tuple[tuple[str, str], ...] = (
+    ("NO_COLOR", "1"),
+    ("TERM", "dumb"),
+    ("PAGER", "cat"),
+    ("GIT_PAGER", "cat"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+)
+
+#: Ambient variables that would make a non-interactive bash read a startup file.
+_STARTUP_FILE_VARS = frozenset({b"BASH_ENV", b"ENV"})
+
+Cause = Literal["timeout", "abort"]
+
+
+def _bash_path() -> bytes:
+    for candidate in ("/bin/bash", "/usr/bin/bash"):
+        if os.access(candidate, os.X_OK):
+            return os.fsencode(candidate)
+    found = shutil.which("bash")
+    return os.fsencode(found or "/bin/bash")
+
+
+_BASH = _bash_path()
+
+
+class _FirstCause:
+    """The fused deadline: the first of timeout and abort wins and is the only one kept."""
+
+    __slots__ = ("_lock", "cause")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cause: Cause | None = None
+
+    def fire(self, cause: Cause) -> bool:
+        with self._lock:
+            if self.cause is not None:
+                return False
+            self.cause = cause
+            return True
+
+
+def _invalid(reason: str) -> ShellError:
+    return ShellError(INVALID_REQUEST, reason)
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _invalid(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_env(env: Mapping[str, str] | None, name: str) -> None:
+    if env is None:
+        return
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise _invalid(f"{name} keys and values must be strings")
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise _invalid(f"{name} has an invalid entry {key!r}")
+
+
+def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> list[tuple[bytes, bytes]]:
+    if env is None:
+        return []
+    items = env.items() if isinstance(env, Mapping) else env
+    return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
+
+
+def _collected(raw: tuple[str, bool, str | None, int, bool]) -> CollectedOutput:
+    text, truncated, spill_path, total_bytes, spill_truncated = raw
+    return CollectedOutput(text, truncated, spill_path, total_bytes, spill_truncated)
+
+
+_EMPTY = CollectedOutput(text="", truncated=False, spill_path=None, total_bytes=0,
+                         spill_truncated=False)
+
+
+class LocalShellExecutor(ShellExecutor):
+    """Runs each command as a fresh non-login ``bash -c`` with the harness's privileges."""
+
+    sandbox_mode = None
+
+    def __init__(
+        self,
+        *,
+        cwd: str | None = None,
+        timeout_ms: int = 120_000,
+        max_timeout_ms: int = 600_000,
+        max_output_bytes: int = 64_000,
+        max_spill_bytes: int = 64 * 2**20,
+        grace_ms: int = 3_000,
+        scrub_patterns: Sequence[str] = ("*KEY*", "*SECRET*", "*TOKEN*"),
+        managed_prefix: str = "DSH_",
+        service: SubprocessService | None = None,
+    ) -> None:
+        for name, value in (
+            ("timeout_ms", timeout_ms),
+            ("max_timeout_ms", max_timeout_ms),
+            ("max_output_bytes", max_output_bytes),
+            ("max_spill_bytes", max_spill_bytes),
+        ):
+            _positive_int(value, name)
+        if isinstance(grace_ms, bool) or not isinstance(grace_ms, int) or grace_ms < 0:
+            raise _invalid(f"grace_ms must be a non-negative integer, got {grace_ms!r}")
+        self.cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
+        self.timeout_ms = timeout_ms
+        self.max_timeout_ms = max_timeout_ms
+        self.max_output_bytes = max_output_bytes
+        self.max_spill_bytes = max_spill_bytes
+        self.grace_ms = grace_ms
+        self.scrub_patterns = tuple(scrub_patterns)
+        self.managed_prefix = managed_prefix
+        self._service = service
+
+    @property
+    def service(self) -> SubprocessService:
+        """The service this executor spawns through (the process default when not given)."""
+        return self._service if self._service is not None else default_service()
+
+    # -- resolve -----------------------------------------------------------------------
+
+    def resolve(self, request: ShellExecRequest) -> ShellExecSpec:
+        command = request.command
+        if not isinstance(command, str) or not command.strip():
+            raise _invalid("command must be a non-empty string")
+        if "\0" in command:
+            raise _invalid("command contains a NUL byte")
+        workdir = request.workdir
+        if workdir is None:
+            workdir = self.cwd
+        elif not isinstance(workdir, str) or not workdir or "\0" in workdir:
+            raise _invalid(f"workdir must be a non-empty path, got {workdir!r}")
+        workdir = os.path.abspath(os.path.join(self.cwd, workdir))
+        timeout_ms = self.timeout_ms if request.timeout_ms is None else request.timeout_ms
+        timeout_ms = min(_positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
+        stdout_max = request.stdout_max_bytes
+        stdout_max = self.max_output_bytes if stdout_max is None else stdout_max
+        stdout_max = min(_positive_int(stdout_max, "stdout_max_bytes"), self.max_spill_bytes)
+        if request.stdin is not None and not isinstance(request.stdin, (str, bytes)):
+            raise _invalid("stdin must be str or bytes")
+        _check_env(request.env, "env")
+        _check_env(request.managed_env, "managed_env")
+        return ShellExecSpec(
+            command=command,
+            workdir=workdir,
+            timeout_ms=timeout_ms,
+            stdout_max_bytes=stdout_max,
+            signal=request.signal,
+            stdin=request.stdin,
+            env=request.env,
+            managed_env=request.managed_env,
+            sandbox_policy=self._stamp_policy(request.sandbox_policy),
+        )
+
+    def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy | None:
+        """A non-sandboxing executor carries the request's policy through untouched."""
+        return policy
+
+    # -- sandbox hooks (overridden by SandboxShellExecutor) ------------------------------
+
+    def _ruleset(self, spec: ShellExecSpec) -> _core.Ruleset | None:
+        return None
+
+    def _sandbox_info(
+        self, spec: ShellExecSpec, exit_code: int | None, stderr_tail: str
+    ) -> ShellSandboxInfo | None:
+        return None
+
+    def _runner_failed_info(self, spec: ShellExecSpec) -> ShellSandboxInfo | None:
+        return None
+
+    # -- spawning ----------------------------------------------------------------------
+
+    def child_env(self, spec: ShellExecSpec) -> list[tuple[bytes, bytes]]:
+        """The child's environment, in the SPEC's order (see module docstring)."""
+        base = [(k, v) for k, v in os.environb.items() if k not in _STARTUP_FILE_VARS]
+        return _core.build_env(
+            base,
+            list(self.scrub_patterns),
+            self.managed_prefix,
+            _pairs(TERMINAL_ENV),
+            _pairs(spec.env),
+            _pairs(spec.managed_env),
+        )
+
+    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> _core.Proc:
+        ruleset = self._ruleset(spec)
+        stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
+        return self.service.spawn(
+            program=_BASH,
+            argv=[b"bash", b"-c", spec.command.encode("utf-8", "surrogateescape")],
+            cwd=spec.workdir,
+            env=self.child_env(spec),
+            stdin=stdin,
+            stdout_cap=stdout_cap,
+            stderr_cap=self.max_output_bytes,
+            spill_cap=self.max_spill_bytes,
+            grace_ms=self.grace_ms,
+            ruleset=ruleset,
+        )
+
+    def _result(self, spec: ShellExecSpec, proc: _core.Proc, cause: Cause | None) -> ShellRunResult:
+        outcome = proc.outcome()
+        assert outcome is not None, "a result is built only for a finished process"
+        exit_code, signum, duration_ms, leftover, *_ = outcome
+        out, err = proc.collected()
+        stderr = _collected(err)
+        return ShellRunResult(
+            exit_code=exit_code,
+            signal=signal_name(signum),
+            timed_out=cause == "timeout",
+            aborted=cause == "abort",
+            timeout_ms=spec.timeout_ms,
+            stdout=_collected(out),
+            stderr=stderr,
+            duration_ms=duration_ms,
+            leftover_killed=leftover,
+            sandbox=self._sandbox_info(spec, exit_code, stderr.text),
+        )
+
+    def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
+        return ShellRunResult(
+            exit_code=None,
+            signal=None,
+            timed_out=False,
+            aborted=True,
+            timeout_ms=spec.timeout_ms,
+            stdout=_EMPTY,
+            stderr=_EMPTY,
+            duration_ms=0.0,
+        )
+
+    # -- foreground --------------------------------------------------------------------
+
+    def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        if spec.signal is not None and spec.signal.aborted:
+            return self._aborted_before_start(spec)
+        proc = self._spawn(spec, spec.stdout_max_bytes)
+        first = _FirstCause()
+
+        def on_abort() -> None:
+            if first.fire("abort"):
+                proc.kill()
+
+        remove = spec.signal.add_listener(on_abort) if spec.signal is not None else None
+        try:
+            deadline = time.monotonic() + spec.timeout_ms / 1000
+            if not proc.wait(max(0.0, deadline - time.monotonic())) and first.fire("timeout"):
+                proc.kill()
+            proc.wait(None)
+        except BaseException:
+            # KeyboardInterrupt while waiting: nothing may be left running.
+            proc.kill()
+            proc.wait(None)
+            raise
+        finally:
+            if remove is not None:
+                remove()
+        return self._result(spec, proc, first.cause)
+
+    async def run(self, spec: ShellExecSpec) -> ShellRunResult:
+        if spec.signal is not None and spec.signal.aborted:
+            return self._aborted_before_start(spec)
+        proc = self._spawn(spec, spec.stdout_max_bytes)
+        first = _FirstCause()
+
+        def on_abort() -> None:
+            if first.fire("abort"):
+                proc.kill()
+
+        def on_timeout() -> None:
+            if first.fire("timeout"):
+                proc.kill()
+
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(spec.timeout_ms / 1000, on_timeout)
+        remove = spec.signal.add_listener(on_abort) if spec.signal is not None else None
+        service = self.service
+        try:
+            await service.wait_async(proc)
+        except asyncio.CancelledError:
+            proc.kill()
+            while not proc.done:
+                try:
+                    await service.wait_async(proc)
+                except asyncio.CancelledError:
+                    continue
+            raise
+        finally:
+            timer.cancel()
+            if remove is not None:
+                remove()
+        return self._result(spec, proc, first.cause)
+
+    # -- background --------------------------------------------------------------------
+
+    def start(self, spec: ShellExecSpec) -> ShellProcess:
+        service = self.service
+        try:
+            proc = self._spawn(spec, self.max_output_bytes)
+        except ShellError as err:
+            if err.code == "DISPOSED":
+                raise
+            return ShellProcess(
+                service=service,
+                proc=None,
+                spawn_failure=err.reason,
+                failed_sandbox=(
+                    self._runner_failed_info(spec) if err.code == "SANDBOX_UNAVAILABLE" else None
+                ),
+            )
+        stamp = None
+        if self.sandbox_mode is not None:
+
+            def stamp(exit_code: int | None, stderr_tail: str) -> ShellSandboxInfo:
+                info = self._sandbox_info(spec, exit_code, stderr_tail)
+                assert info is not None
+                return info
+
+        return ShellProcess(service=service, proc=proc, sandbox_stamp=stamp)

@@ -1,0 +1,150 @@
+"""``ShellProcess``: the background handle returned by ``ShellExecutor.start``.
+
+It carries no id and no owner (those are the task runtime's). Reads are consuming and merge
+both streams into one delta (stdout text, then a ``[stderr]`` section); they stay valid
+after settlement. Sandbox facts are stamped before completion is signalled: they are
+derived from the settled process itself, so every observer of a settled handle sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal as _signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
+
+if TYPE_CHECKING:
+    from . import _core
+    from .service import SubprocessService
+
+STDERR_SECTION = "\n[stderr]\n"
+
+#: Derives the sandbox facts of a settled process from its exit code and stderr tail.
+SandboxStamp = Callable[[int | None, str], ShellSandboxInfo]
+
+
+def signal_name(signum: int | None) -> str | None:
+    """``"SIGTERM"`` for 15; a bare number for signals Python does not name."""
+    if signum is None:
+        return None
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def merge_delta(stdout: str, stderr: str) -> str:
+    """The background read format: stdout, then stderr in a marked section if any."""
+    return stdout + (STDERR_SECTION + stderr if stderr else "")
+
+
+class ShellProcess:
+    """A background process handle (see SPEC §2)."""
+
+    def __init__(
+        self,
+        *,
+        service: SubprocessService,
+        proc: _core.Proc | None,
+        spawn_failure: str | None = None,
+        sandbox_stamp: SandboxStamp | None = None,
+        failed_sandbox: ShellSandboxInfo | None = None,
+    ) -> None:
+        self._service = service
+        self._proc = proc
+        self._failure = spawn_failure
+        self._failure_delivered = False
+        self._stamp = sandbox_stamp
+        self._failed_sandbox = failed_sandbox
+        self._lock = threading.Lock()
+        self._sandbox: ShellSandboxInfo | None = None
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def status(self) -> ProcessStatus:
+        proc = self._proc
+        if proc is None:
+            return "killed"
+        outcome = proc.outcome()
+        if outcome is None:
+            return "running"
+        exit_code, signum, _ms, _left, kill_requested, *_ = outcome
+        return "killed" if kill_requested or signum is not None else "completed"
+
+    @property
+    def exit_code(self) -> int | None:
+        outcome = self._proc.outcome() if self._proc is not None else None
+        return None if outcome is None else outcome[0]
+
+    @property
+    def signal(self) -> str | None:
+        outcome = self._proc.outcome() if self._proc is not None else None
+        return None if outcome is None else signal_name(outcome[1])
+
+    @property
+    def sandbox(self) -> ShellSandboxInfo | None:
+        if self._proc is None:
+            return self._failed_sandbox
+        if self._stamp is None:
+            return None
+        with self._lock:
+            if self._sandbox is None:
+                outcome = self._proc.outcome()
+                if outcome is None:
+                    return None
+                stderr_tail = self._proc.collected()[1][0]
+                self._sandbox = self._stamp(outcome[0], stderr_tail)
+            return self._sandbox
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read_output(self) -> ShellProcessRead:
+        """Output since the previous read (consuming); valid after settlement too."""
+        if self._proc is None:
+            with self._lock:
+                first = not self._failure_delivered
+                self._failure_delivered = True
+            delta = f"spawn failed: {self._failure}" if first and self._failure else ""
+            return ShellProcessRead(delta=delta, lossy=False)
+        (out, out_lossy, out_spill), (err, err_lossy, err_spill) = self._proc.read()
+        return ShellProcessRead(
+            delta=merge_delta(out, err),
+            lossy=out_lossy or err_lossy,
+            stdout_spill_path=out_spill,
+            stderr_spill_path=err_spill,
+        )
+
+    # -- control -----------------------------------------------------------------------
+
+    def kill(self) -> bool:
+        """Kills the group (SIGTERM, then SIGKILL after the grace); False once settled."""
+        return self._proc.kill() if self._proc is not None else False
+
+    async def wait(self) -> None:
+        """Resolves when settled; never raises (cancellation aside)."""
+        if self._proc is not None:
+            await self._service.wait_async(self._proc)
+        else:
+            await asyncio.sleep(0)
+
+    def wait_sync(self, timeout: float | None = None) -> bool:
+        """Blocks until settled or ``timeout`` seconds pass; True when settled."""
+        if self._proc is None:
+            return True
+        return self._proc.wait(timeout)
+
+    def add_done_callback(self, cb: Callable[[ShellProcess], None]) -> None:
+        """Calls ``cb(self)`` once settled: at once if it is, else from the service's
+        dispatcher thread (callbacks must be thread-safe)."""
+        if self._proc is None:
+            cb(self)
+            return
+        self._service.add_done_callback(self._proc, lambda: cb(self))
+
+    def __repr__(self) -> str:
+        pid = self._proc.pid if self._proc is not None else None
+        return f"ShellProcess(pid={pid}, status={self.status!r})"

@@ -1,0 +1,98 @@
+"""``SandboxShellExecutor``: the local executor with a Landlock ruleset per call.
+
+The ruleset is built here, in the harness, and enforced by the child between clone and
+exec (the harness itself is never restricted). A confined mode without Landlock fails
+closed: ``run`` raises ``ShellError(SANDBOX_UNAVAILABLE)`` and a background start settles
+``killed`` with ``runner_failed``. ``denied`` is a conservative reading of the result.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _core
+from .errors import SANDBOX_UNAVAILABLE, ShellError
+from .local import LocalShellExecutor
+from .types import SANDBOX_MODES, SandboxMode, SandboxPolicy, ShellExecSpec, ShellSandboxInfo
+
+#: Filesystem-permission signatures that mark a failure as a sandbox denial.
+DENIAL_SIGNATURES = ("Permission denied", "Read-only file system", "Operation not permitted")
+
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI (0: none)."""
+    return _core.landlock_abi()
+
+
+def enforcement_for(mode: SandboxMode, network: bool = True) -> str | None:
+    """``"full"``/``"partial"`` for a confined mode on this kernel (``"partial"`` when some
+    requested feature, or Landlock altogether, is missing); None when nothing is confined."""
+    if mode == "danger-full-access":
+        return None
+    return "partial" if _core.landlock_missing(network) else "full"
+
+
+class SandboxShellExecutor(LocalShellExecutor):
+    """Confines each command with Landlock according to its ``SandboxPolicy``."""
+
+    def __init__(self, *, mode: SandboxMode = "workspace-write", **config: Any) -> None:
+        if mode not in SANDBOX_MODES:
+            raise ShellError("INVALID_REQUEST", f"unknown sandbox mode {mode!r}")
+        super().__init__(**config)
+        self.sandbox_mode: SandboxMode = mode
+
+    def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy:
+        if policy is not None:
+            if policy.mode not in SANDBOX_MODES:
+                raise ShellError("INVALID_REQUEST", f"unknown sandbox mode {policy.mode!r}")
+            if not os.path.isabs(policy.workspace_root):
+                raise ShellError("INVALID_REQUEST", "workspace_root must be absolute")
+            return policy
+        return SandboxPolicy(mode=self.sandbox_mode, workspace_root=self.cwd)
+
+    def _policy(self, spec: ShellExecSpec) -> SandboxPolicy:
+        return spec.sandbox_policy or self._stamp_policy(None)
+
+    def _ruleset(self, spec: ShellExecSpec) -> _core.Ruleset | None:
+        policy = self._policy(spec)
+        if policy.mode == "danger-full-access":
+            return None
+        if landlock_abi() < 1:
+            raise ShellError(SANDBOX_UNAVAILABLE, "Landlock is not available on this kernel")
+        roots: list[str] = []
+        if policy.mode == "workspace-write":
+            roots = [policy.workspace_root, *policy.writable_roots, "/tmp"]
+            tmpdir = os.environ.get("TMPDIR")
+            if tmpdir:
+                roots.append(tmpdir)
+        try:
+            return _core.build_ruleset(roots, policy.network)
+        except _core.SandboxError as err:
+            raise ShellError(SANDBOX_UNAVAILABLE, str(err)) from None
+
+    def _sandbox_info(
+        self, spec: ShellExecSpec, exit_code: int | None, stderr_tail: str
+    ) -> ShellSandboxInfo:
+        policy = self._policy(spec)
+        confined = policy.mode != "danger-full-access"
+        denied = (
+            confined
+            and exit_code is not None
+            and exit_code != 0
+            and any(sig in stderr_tail for sig in DENIAL_SIGNATURES)
+        )
+        return ShellSandboxInfo(
+            mode=policy.mode,
+            denied=denied,
+            enforcement=enforcement_for(policy.mode, policy.network) if confined else None,
+        )
+
+    def _runner_failed_info(self, spec: ShellExecSpec) -> ShellSandboxInfo:
+        policy = self._policy(spec)
+        return ShellSandboxInfo(
+            mode=policy.mode,
+            denied=False,
+            enforcement=enforcement_for(policy.mode, policy.network),
+            runner_failed=True,
+        )

@@ -1,0 +1,207 @@
+"""The subprocess service: owner of the native supervisor and of every running process.
+
+Executors share one service (a default one per process when none is given), so a
+background process survives its executor being replaced; ``dispose()`` kills (with
+escalation) and reaps everything still running. Waiting is event-driven without threads
+per waiter: an asyncio loop watches one eventfd per loop, and done callbacks are fanned out
+by at most one dispatcher thread per service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+
+from . import _core
+from .errors import DISPOSED, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
+
+_STAGE_REASONS = {
+    "chdir": "cannot change to the working directory",
+    "exec": "cannot execute the shell",
+    "pipes": "cannot create pipes",
+    "clone": "cannot create a process",
+}
+
+
+class _LoopWaiters:
+    """Futures of one event loop, resolved from a native eventfd the loop watches."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.notifier = _core.Notifier()
+        self.futures: dict[int, list[asyncio.Future[None]]] = {}
+        loop.add_reader(self.notifier.fd, self._on_ready)
+
+    def _on_ready(self) -> None:
+        for token in self.notifier.take():
+            for fut in self.futures.pop(token, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+
+class SubprocessService:
+    """Owns the native supervisor and every process spawned through it."""
+
+    def __init__(self, *, spill_parent: str | None = None, keep_spill: bool = False) -> None:
+        parent = spill_parent if spill_parent is not None else tempfile.gettempdir()
+        self._supervisor = _core.Supervisor(parent)
+        self.keep_spill = keep_spill
+        self._lock = threading.Lock()
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._callbacks: dict[int, list[Callable[[], None]]] = {}
+        self._dispatch_notifier: _core.Notifier | None = None
+        self._dispatcher: threading.Thread | None = None
+
+    # -- facts -------------------------------------------------------------------------
+
+    @property
+    def disposed(self) -> bool:
+        return self._supervisor.disposed
+
+    @property
+    def spill_dir(self) -> str | None:
+        """The private spill directory, once something spilled."""
+        return self._supervisor.spill_dir
+
+    @property
+    def running(self) -> int:
+        """Processes not yet settled."""
+        return self._supervisor.running
+
+    # -- spawning ----------------------------------------------------------------------
+
+    def spawn(
+        self,
+        *,
+        program: bytes,
+        argv: Sequence[bytes],
+        cwd: str,
+        env: list[tuple[bytes, bytes]],
+        stdin: bytes,
+        stdout_cap: int,
+        stderr_cap: int,
+        spill_cap: int,
+        grace_ms: int,
+        ruleset: _core.Ruleset | None = None,
+    ) -> _core.Proc:
+        """Spawns one process group; raises ``ShellError`` with an exact reason."""
+        try:
+            return self._supervisor.spawn(
+                program=program,
+                argv=list(argv),
+                cwd=os.fsencode(cwd),
+                env=env,
+                stdin=stdin,
+                stdout_cap=stdout_cap,
+                stderr_cap=stderr_cap,
+                spill_cap=spill_cap,
+                grace_ms=grace_ms,
+                ruleset=ruleset,
+            )
+        except _core.DisposedError:
+            raise ShellError(DISPOSED, "the subprocess service has been disposed") from None
+        except _core.SpawnError as err:
+            stage, _errno, message = err.args
+            if stage == "sandbox":
+                raise ShellError(
+                    SANDBOX_UNAVAILABLE, f"the kernel refused the Landlock ruleset: {message}"
+                ) from None
+            what = _STAGE_REASONS.get(stage, stage)
+            if stage == "chdir":
+                what = f"{what} {cwd}"
+            raise ShellError(SPAWN_FAILED, f"{what}: {message}") from None
+
+    # -- waiting -----------------------------------------------------------------------
+
+    async def wait_async(self, proc: _core.Proc) -> None:
+        """Resolves when ``proc`` is done, woken by the loop's eventfd (no thread)."""
+        if proc.done:
+            return
+        loop = asyncio.get_running_loop()
+        waiters = self._loops.get(loop)
+        if waiters is None:
+            waiters = self._loops.setdefault(loop, _LoopWaiters(loop))
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters.futures.setdefault(proc.token, []).append(fut)
+        proc.subscribe(waiters.notifier)
+        try:
+            await fut
+        finally:
+            pending = waiters.futures.get(proc.token)
+            if pending is not None and fut in pending:
+                pending.remove(fut)
+                if not pending:
+                    del waiters.futures[proc.token]
+
+    def add_done_callback(self, proc: _core.Proc, cb: Callable[[], None]) -> None:
+        """Runs ``cb`` once ``proc`` is done: at once if it is, else on the dispatcher."""
+        with self._lock:
+            if not proc.done:
+                notifier = self._ensure_dispatcher()
+                self._callbacks.setdefault(proc.token, []).append(cb)
+                proc.subscribe(notifier)
+                return
+        cb()
+
+    def _ensure_dispatcher(self) -> _core.Notifier:
+        if self._dispatch_notifier is None:
+            self._dispatch_notifier = _core.Notifier()
+        if self._dispatcher is None:
+            self._dispatcher = threading.Thread(
+                target=self._dispatch, name="shellseam-callbacks", daemon=True
+            )
+            self._dispatcher.start()
+        return self._dispatch_notifier
+
+    def _dispatch(self) -> None:
+        notifier = self._dispatch_notifier
+        assert notifier is not None
+        while True:
+            tokens = notifier.wait(None)
+            with self._lock:
+                batches = [self._callbacks.pop(t, []) for t in tokens]
+                idle = not self._callbacks
+                if idle and self.disposed:
+                    self._dispatcher = None
+            for batch in batches:
+                for cb in batch:
+                    cb()
+            if idle and self.disposed:
+                return
+
+    # -- teardown ----------------------------------------------------------------------
+
+    def dispose(self) -> None:
+        """Kills and reaps every process, stops the supervisor, removes spill files."""
+        self._supervisor.dispose(keep_spill=self.keep_spill)
+        dispatcher = self._dispatcher
+        if self._dispatch_notifier is not None:
+            self._dispatch_notifier.wake()
+        if dispatcher is not None and dispatcher is not threading.current_thread():
+            dispatcher.join()
+
+    async def aclose(self) -> None:
+        """``dispose()`` without blocking the event loop: awaits the kills, then disposes."""
+        for proc in self._supervisor.begin_dispose():
+            await self.wait_async(proc)
+        self.dispose()
+
+
+_default: SubprocessService | None = None
+_default_lock = threading.Lock()
+
+
+def default_service() -> SubprocessService:
+    """The process-wide service used by executors created without one."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.disposed:
+            _default = SubprocessService()
+            atexit.register(_default.dispose)
+        return _default
