@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes import FakeExecutor, run_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shellseam import LocalShellExecutor, SubprocessService, parse_exit_status
 from shellseam.abort import AbortController
 from shellseam.env import ManagedEnvContributor, ManagedEnvRegistry
 from shellseam.errors import (
@@ -374,8 +377,90 @@ def test_present_result_round_trips_execute(stdout: str, stderr: str, exit_code:
     card = tool.present_result(answer)
     assert card["status"] == {"exit_code": exit_code}
     assert card["output"] + f"\n[exit code: {exit_code}]" == answer.text
-    assert card["output"].startswith(stdout)
+    # The body loses only the newline that preceded the marker.
+    assert (card["output"] + "\n").startswith(stdout)
     if stderr:
-        assert f"[stderr]\n{stderr}" in card["output"]
+        assert f"[stderr]\n{stderr}" in card["output"] + "\n"
     if not stdout and not stderr:
         assert card["output"] == "(no output)"
+
+
+# --- end to end, with the real LocalShellExecutor ----------------------------------------
+
+
+@pytest.fixture
+def service() -> Iterator[SubprocessService]:
+    svc = SubprocessService()
+    yield svc
+    svc.dispose()
+
+
+def real_tool(
+    service: SubprocessService, cwd: Path, **config: Any
+) -> tuple[BashTool, ToolContext, TaskRuntime]:
+    executor = LocalShellExecutor(cwd="/", service=service, **config)
+    tasks = TaskRuntime()
+    tool = BashTool(executor, tasks=tasks, env=ManagedEnvRegistry(home=str(cwd / "home")))
+    return tool, ToolContext("sess-e2e", str(cwd)), tasks
+
+
+def test_real_foreground_rendering(service: SubprocessService, tmp_path: Path) -> None:
+    tool, ctx, _ = real_tool(service, tmp_path)
+    script = "printf 'out\\n'; printf 'err\\n' >&2; exit 2"
+    answer = call(tool, {"command": script, "description": "Fail on purpose"}, ctx)
+    assert answer.text == "out\n[stderr]\nerr\n[exit code: 2]"
+    assert answer.is_error is False
+    assert answer.details is not None and answer.details["exit_code"] == 2
+    assert call(tool, ok("true"), ctx).text == "(no output)\n[exit code: 0]"
+    assert tool.present_result(answer) == {
+        "output": "out\n[stderr]\nerr",
+        "status": {"exit_code": 2},
+    }
+
+
+def test_real_workdir_env_and_injection_guard(
+    service: SubprocessService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "sub").mkdir()
+    monkeypatch.setenv("DSH_SESSION_ID", "stale-parent-session")
+    tool, ctx, _ = real_tool(service, tmp_path)
+    script = 'pwd; echo "$DSH_SESSION_ID $DSH_SHELL ${FOO:-unset}"; cat; echo end'
+    args = ok(script, workdir="sub", env={"FOO": "injected"}, stdin="smuggled\n")
+    answer = call(tool, args, ctx)
+    assert answer.text == f"{tmp_path}/sub\nsess-e2e 1 unset\nend\n[exit code: 0]"
+
+
+def test_real_timeout_truncation_and_spawn_failure(
+    service: SubprocessService, tmp_path: Path
+) -> None:
+    tool, ctx, _ = real_tool(service, tmp_path, max_output_bytes=100)
+    timed = call(tool, ok("sleep 5", timeoutMs=200), ctx)
+    assert timed.text == "(no output)\n[timed out after 200ms]\n[killed by signal: SIGTERM]"
+    assert timed.is_error is False
+    big = call(tool, ok("seq 1 5000"), ctx)
+    body, status = parse_exit_status(big.text)
+    assert status == {"exit_code": 0}
+    assert body.endswith("4999\n5000\n" + body.rpartition("\n")[2])
+    marker = body.rpartition("\n")[2]
+    assert marker.startswith("[output truncated; full output: ") and marker.endswith("]")
+    spill = marker.removeprefix("[output truncated; full output: ")[:-1]
+    assert Path(spill).read_text() == "".join(f"{i}\n" for i in range(1, 5001))
+    missing = call(tool, ok("true", workdir="does-not-exist"), ctx)
+    assert missing.is_error is True
+    assert missing.text.startswith("Error: spawn failed: ")
+    assert f"{tmp_path}/does-not-exist" in missing.text
+
+
+def test_real_abort_kills_the_command(service: SubprocessService, tmp_path: Path) -> None:
+    tool, _, _ = real_tool(service, tmp_path)
+    controller = AbortController()
+    ctx = ToolContext("sess-e2e", str(tmp_path), signal=controller.signal)
+
+    async def main() -> ToolResult:
+        asyncio.get_running_loop().call_later(0.2, controller.abort)
+        return await tool.execute(ok("sleep 30"), ctx)
+
+    started = time.monotonic()
+    assert asyncio.run(main()) == ToolResult("Error: tool call aborted", True, None)
+    assert time.monotonic() - started < 10
+    assert service.running == 0

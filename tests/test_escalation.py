@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes import FakeExecutor
+from shellseam import SandboxShellExecutor, SubprocessService, landlock_abi
 from shellseam.abort import AbortController
 from shellseam.env import ManagedEnvRegistry
 from shellseam.tasks import TaskRuntime
@@ -334,3 +338,58 @@ def test_validation_order(
     assert call(tool, args) == err(message)
     assert executor.requests == [] and executor.specs == []
     assert approval is None or approval.requests == []
+
+
+# --- end to end, with the real Landlock SandboxShellExecutor ------------------------------
+
+
+@pytest.fixture
+def workspace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A session workspace outside /tmp and $TMPDIR, which workspace-write always allows."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    path = Path(tempfile.mkdtemp(prefix="shellseam-ws-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.mark.skipif(landlock_abi() == 0, reason="the kernel has no Landlock")
+def test_real_denial_then_approved_escalation(workspace: Path) -> None:
+    service = SubprocessService()
+    approval = ScriptedApproval("allowed-once")
+    modes = SandboxModeStore()
+    tool = BashTool(
+        SandboxShellExecutor(mode="read-only", cwd="/", service=service),
+        tasks=TaskRuntime(),
+        env=ManagedEnvRegistry(home=str(workspace)),
+        approval=approval,
+        modes=modes,
+    )
+    (workspace / "build").mkdir()
+    made = workspace / "made"
+    ctx = ToolContext("sess-e2e", str(workspace))
+    touch = {"command": "touch ../made && echo ok", "description": "Touch a file"}
+    denial = "[sandbox: file access denied under read-only mode]\n[exit code: 1]"
+    try:
+        denied = call(tool, {**touch, "workdir": "build"}, ctx)
+        assert denied.text == (
+            f"[stderr]\ntouch: cannot touch '../made': Permission denied\n{denial}"
+        )
+        assert denied.is_error is False
+        assert not made.exists()
+
+        escalated = {**touch, "workdir": "build", "sandbox_permissions": "workspace-write"}
+        allowed = call(tool, {**escalated, "justification": "It writes the marker file."}, ctx)
+        # workspace_root is the session cwd, so workdir="build" may still write above it.
+        assert allowed.text == "ok\n[exit code: 0]"
+        assert made.exists()
+        assert [r.mode for r in approval.requests] == ["workspace-write"]
+
+        made.unlink()
+        assert call(tool, {**touch, "workdir": "build"}, ctx).text.endswith(denial)
+        assert not made.exists()
+
+        modes.set("sess-e2e", "workspace-write")
+        assert call(tool, {**touch, "workdir": "build"}, ctx).text == "ok\n[exit code: 0]"
+        assert made.exists()
+    finally:
+        service.dispose()

@@ -6,10 +6,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes import FakeExecutor, FakeProcess
+from shellseam import LocalShellExecutor, SubprocessService
 from shellseam.abort import AbortController
 from shellseam.env import ManagedEnvRegistry
 from shellseam.tasks import TaskRuntime
@@ -258,3 +260,63 @@ def test_bash_background_then_task_tools() -> None:
         "task bash-1: killed, signal: SIGTERM",
     ]
     assert runtime.drain_notices("sess-1") == []
+
+
+# --- end to end, with the real LocalShellExecutor ----------------------------------------
+
+
+def test_real_background_lifecycle(tmp_path: Path) -> None:
+    service = SubprocessService()
+    runtime = TaskRuntime()
+    bash = BashTool(
+        LocalShellExecutor(cwd=str(tmp_path), service=service),
+        tasks=runtime,
+        env=ManagedEnvRegistry(home=str(tmp_path)),
+    )
+    output, listing, kill = task_tools(runtime)
+    ctx = ToolContext("sess-e2e", str(tmp_path))
+
+    async def start(command: str, description: str) -> str:
+        args = {"command": command, "description": description, "run_in_background": True}
+        answer = await bash.execute(args, ctx)
+        assert answer.details is not None
+        task_id: str = answer.details["task_id"]
+        assert answer.text == f"started background task {task_id}"
+        return task_id
+
+    async def text(tool: Any, args: Mapping[str, Any], c: ToolContext = ctx) -> str:
+        answer: ToolResult = await tool.execute(args, c)
+        return answer.text
+
+    async def main() -> None:
+        quick = await start("echo one; echo two >&2; echo $DSH_SESSION_ID", "Print two lines")
+        slow = await start("echo started; exec sleep 30", "Sleep for a while")
+        forever = await start("sleep 60", "Sleep longer")
+        assert await text(output, {"task_id": quick, "block": True}) == (
+            f"task {quick}: completed, exit code: 0\none\nsess-e2e\n\n[stderr]\ntwo\n"
+        )
+        assert await text(output, {"task_id": slow, "block": True, "timeoutMs": 300}) == (
+            f"task {slow}: running\nstarted\n"
+        )
+        assert await text(listing, {}) == (
+            f"{quick}  completed  Print two lines\n"
+            f"{slow}  running  Sleep for a while\n"
+            f"{forever}  running  Sleep longer"
+        )
+        assert await text(output, {"task_id": slow}, ToolContext("intruder", "/")) == (
+            f"Error: no such task: {slow}"
+        )
+        assert await text(kill, {"task_id": slow}) == f"killed task {slow}"
+        # The supervisor settles the task on its own thread; the notice is queued there.
+        assert await runtime.wait(slow, "sess-e2e", 10_000) is True
+        assert runtime.drain_notices("sess-e2e") == [f"background task {slow} finished: killed"]
+        assert await text(kill, {"task_id": slow}) == f"task {slow} had already finished"
+        assert await text(output, {"task_id": slow}) == f"task {slow}: killed, signal: SIGTERM"
+        await runtime.dispose_owner("sess-e2e")
+        assert service.running == 0
+        assert await text(listing, {}) == "(no tasks)"
+
+    try:
+        asyncio.run(main())
+    finally:
+        service.dispose()
