@@ -73,7 +73,8 @@ def render_result(result: ShellRunResult) -> str:
 
     stdout; ``[stderr]`` + stderr; ``(no output)`` when both are empty; truncation markers
     (stdout first); the sandbox-denial, timeout and leftover-process markers; and last the
-    exit-status marker, without a trailing newline.
+    exit-status marker, without a trailing newline. The only I/O: a capped spill file's
+    saved size is read from the file, since the result does not carry the spill cap.
     """
     stdout, stderr = result.stdout, result.stderr
     parts: list[str] = [stdout.text]

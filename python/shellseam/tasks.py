@@ -108,6 +108,14 @@ class _Owner:
     pending_notices: list[str] = field(default_factory=list)
 
 
+def _termination(handle: TaskHandle) -> tuple[TaskStatus, int | None, str | None]:
+    """Status, exit code and signal, the status sampled first: codes only once settled."""
+    status = handle.status
+    if status == "running":
+        return status, None, None
+    return status, handle.exit_code, handle.signal
+
+
 def notice_text(task_id: str, status: TaskStatus) -> str:
     """The completion notice a harness injects for the model."""
     return f"background task {task_id} finished: {status}"
@@ -158,13 +166,9 @@ class TaskRuntime:
         carries the task's final output. Observing the settled task drops its notice.
         """
         task = self._get(task_id, owner)
-        handle = task.handle
-        status = handle.status
-        settled = status != "running"
-        exit_code = handle.exit_code if settled else None
-        signal = handle.signal if settled else None
-        out = handle.read_output()
-        if settled:
+        status, exit_code, signal = _termination(task.handle)
+        out = task.handle.read_output()
+        if status != "running":
             with self._lock:
                 self._settle_locked(task, status)
                 self._mark_reported_locked(task)
@@ -199,21 +203,10 @@ class TaskRuntime:
             tasks = list(self._owners.get(owner, _Owner()).tasks.values())
         infos = []
         for task in tasks:
-            handle = task.handle
-            status = handle.status
-            settled = status != "running"
-            if settled:
+            status, exit_code, signal = _termination(task.handle)
+            if status != "running":
                 self._observe(task)
-            infos.append(
-                TaskInfo(
-                    id=task.id,
-                    kind=task.kind,
-                    status=status,
-                    exit_code=handle.exit_code if settled else None,
-                    signal=handle.signal if settled else None,
-                    description=task.description,
-                )
-            )
+            infos.append(TaskInfo(task.id, task.kind, status, exit_code, signal, task.description))
         return infos
 
     def drain_notices(self, owner: str) -> builtins.list[str]:

@@ -79,13 +79,19 @@ async def _wait_unless_aborted(
     return not signal.aborted
 
 
-class TaskOutputTool:
-    """``task_output``: the consuming read of one task, optionally after waiting for it."""
+class _TaskTool:
+    """Shared state of the task tools: the runtime they speak to."""
 
-    name = "task_output"
+    name: str
 
     def __init__(self, runtime: TaskRuntime) -> None:
         self.runtime = runtime
+
+
+class TaskOutputTool(_TaskTool):
+    """``task_output``: the consuming read of one task, optionally after waiting for it."""
+
+    name = "task_output"
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -136,13 +142,10 @@ class TaskOutputTool:
         )
 
 
-class TaskListTool:
+class TaskListTool(_TaskTool):
     """``task_list``: the caller's tasks, one line each."""
 
     name = "task_list"
-
-    def __init__(self, runtime: TaskRuntime) -> None:
-        self.runtime = runtime
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -161,13 +164,10 @@ class TaskListTool:
         )
 
 
-class TaskKillTool:
+class TaskKillTool(_TaskTool):
     """``task_kill``: stop one of the caller's tasks."""
 
     name = "task_kill"
-
-    def __init__(self, runtime: TaskRuntime) -> None:
-        self.runtime = runtime
 
     def schema(self) -> dict[str, Any]:
         return {
