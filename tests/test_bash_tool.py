@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -385,14 +385,7 @@ def test_present_result_round_trips_execute(stdout: str, stderr: str, exit_code:
         assert card["output"] == "(no output)"
 
 
-# --- end to end, with the real LocalShellExecutor ----------------------------------------
-
-
-@pytest.fixture
-def service() -> Iterator[SubprocessService]:
-    svc = SubprocessService()
-    yield svc
-    svc.dispose()
+# --- end to end, with the real LocalShellExecutor (``service`` comes from conftest) -------
 
 
 def real_tool(
