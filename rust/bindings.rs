@@ -13,7 +13,8 @@ use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::collector::{Collected, Delta};
+use crate::collector::{Collected, Collector as CoreCollector, Delta};
+use crate::spill::SpillDir;
 use crate::env::{EnvLayers, EnvPair, build_env as core_build_env};
 use crate::errors::CoreError;
 use crate::landlock;
@@ -193,6 +194,46 @@ impl Proc {
     fn read(&self) -> (DeltaTuple, DeltaTuple) {
         let (out, err) = self.inner.read();
         (delta_tuple(out), delta_tuple(err))
+    }
+}
+
+/// A standalone bounded collector (the one each stream uses), for property tests and
+/// for embedding callers that feed bytes themselves.
+#[pyclass(module = "shellseam._core")]
+pub struct Collector {
+    inner: std::sync::Mutex<(CoreCollector, SpillDir)>,
+}
+
+#[pymethods]
+impl Collector {
+    #[new]
+    fn new(cap: usize, spill_cap: u64, spill_parent: PathBuf) -> Self {
+        Self {
+            inner: std::sync::Mutex::new((CoreCollector::new(cap, spill_cap), SpillDir::new(spill_parent))),
+        }
+    }
+
+    fn push(&self, chunk: &[u8]) {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (collector, dir) = &mut *guard;
+        let mut open = || dir.create_file("stream");
+        collector.push(chunk, &mut open);
+    }
+
+    fn collected(&self) -> CollectedTuple {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        collected_tuple(guard.0.collected())
+    }
+
+    #[pyo3(signature = (final_read=false))]
+    fn read(&self, final_read: bool) -> DeltaTuple {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        delta_tuple(guard.0.read(final_read))
+    }
+
+    fn tail_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        PyBytes::new(py, guard.0.tail_bytes())
     }
 }
 
@@ -376,6 +417,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Proc>()?;
     m.add_class::<Notifier>()?;
     m.add_class::<Ruleset>()?;
+    m.add_class::<Collector>()?;
     m.add_function(wrap_pyfunction!(build_env, m)?)?;
     m.add_function(wrap_pyfunction!(build_ruleset, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;

@@ -87,7 +87,8 @@ impl Collector {
         }
         let before = self.total;
         self.total += chunk.len() as u64;
-        if self.spill_file.is_some() {
+        if self.spill_path.is_some() {
+            // Already spilling (or the capped/failed file is closed: write_spill no-ops).
             self.write_spill(chunk);
         } else if self.total > self.cap as u64 && !self.spill_failed {
             // Nothing was dropped yet (before <= cap), so buf holds the complete head.
@@ -232,6 +233,23 @@ mod tests {
         let d = c.read(false);
         assert_eq!(d.text, "");
         assert!(!d.lossy);
+    }
+
+    #[test]
+    fn capped_spill_is_not_reopened_by_later_chunks() {
+        let dir = std::env::temp_dir();
+        let mut spill = crate::spill::SpillDir::new(dir);
+        let mut open = || spill.create_file("t");
+        let mut c = Collector::new(10, 25);
+        for _ in 0..5 {
+            c.push(b"0123456789", &mut open);
+        }
+        let got = c.collected();
+        assert!(got.spill_truncated);
+        let path = got.spill_path.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"0123456789012345678901234");
+        drop(open);
+        spill.remove().unwrap();
     }
 
     #[test]

@@ -65,8 +65,13 @@ impl SpawnError {
         Self::new(stage, err.raw_os_error().unwrap_or(libc::EIO))
     }
 
+    /// The C library's message for `errno`, without Rust's " (os error N)" suffix.
     pub fn strerror(&self) -> String {
-        io::Error::from_raw_os_error(self.errno).to_string()
+        let text = io::Error::from_raw_os_error(self.errno).to_string();
+        match text.rfind(" (os error ") {
+            Some(cut) => text[..cut].to_string(),
+            None => text,
+        }
     }
 }
 

@@ -838,7 +838,7 @@ mod tests {
         let o = p.outcome().unwrap();
         assert_eq!(o.exit_code, Some(0));
         assert_eq!(o.leftover_killed, 1);
-        assert!(!group_alive(p.pgid()));
+        assert_eq!(count_group(p.pgid()), 0);
         svc.dispose(false);
     }
 

@@ -1,0 +1,55 @@
+"""Shared fixtures: a private SubprocessService per test and /proc inspection helpers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from shellseam import LocalShellExecutor, ShellExecRequest, ShellRunResult, SubprocessService
+
+HELPERS = os.path.join(os.path.dirname(__file__), "helpers")
+
+
+@pytest.fixture
+def service() -> Iterator[SubprocessService]:
+    svc = SubprocessService()
+    yield svc
+    svc.dispose()
+
+
+@pytest.fixture
+def ex(service: SubprocessService, tmp_path: os.PathLike[str]) -> LocalShellExecutor:
+    """A local executor with a short grace so that kill paths stay fast."""
+    return LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=service)
+
+
+def run(executor: LocalShellExecutor, command: str, **fields: object) -> ShellRunResult:
+    return executor.run_sync(executor.resolve(ShellExecRequest(command=command, **fields)))  # type: ignore[arg-type]
+
+
+def pids_in_group(pgid: int) -> list[int]:
+    """Live (non-zombie) members of a process group, read from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            found.append(int(name))
+    return found
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in ("Z", "X")

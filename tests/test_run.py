@@ -1,0 +1,284 @@
+"""Foreground runs of LocalShellExecutor: results, timeouts, aborts, cancellation, disposal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+
+import pytest
+from conftest import HELPERS, pids_in_group, run
+
+from shellseam import (
+    AbortController,
+    LocalShellExecutor,
+    ShellError,
+    ShellExecRequest,
+    SubprocessService,
+)
+
+
+def test_exit_code_and_streams(ex: LocalShellExecutor) -> None:
+    r = run(ex, "echo out; echo err >&2; exit 2")
+    assert (r.exit_code, r.signal, r.timed_out, r.aborted) == (2, None, False, False)
+    assert r.stdout.text == "out\n" and r.stderr.text == "err\n"
+    assert r.stdout.total_bytes == 4 and not r.stdout.truncated and r.stdout.spill_path is None
+    assert r.timeout_ms == 120_000
+    assert r.leftover_killed == 0 and r.sandbox is None
+    assert r.duration_ms > 0
+
+
+def test_each_call_is_a_fresh_non_login_shell(ex: LocalShellExecutor) -> None:
+    run(ex, "cd /; export FOO=1")
+    r = run(ex, 'echo "$PWD:${FOO-unset}"; shopt -q login_shell && echo login || echo nonlogin')
+    assert r.stdout.text == f"{ex.cwd}:unset\nnonlogin\n"
+
+
+def test_command_is_group_leader(ex: LocalShellExecutor) -> None:
+    r = run(ex, "ps -o pid=,pgid= -p $$")
+    pid, pgid = r.stdout.text.split()
+    assert pid == pgid
+
+
+def test_signal_death_reports_signal(ex: LocalShellExecutor) -> None:
+    r = run(ex, "kill -KILL $$")
+    assert (r.exit_code, r.signal, r.timed_out) == (None, "SIGKILL", False)
+
+
+def test_stdin_bytes_then_eof(ex: LocalShellExecutor) -> None:
+    assert run(ex, "cat", stdin="héllo").stdout.text == "héllo"
+    assert run(ex, "wc -c", stdin=b"\x00\x01\x02").stdout.text.strip() == "3"
+    assert run(ex, "cat").stdout.text == ""  # None: empty stdin, immediate EOF
+
+
+def test_child_that_never_reads_stdin_is_not_an_error(ex: LocalShellExecutor) -> None:
+    r = run(ex, "exit 0", stdin=b"x" * (8 << 20))
+    assert r.exit_code == 0
+
+
+def test_large_stdin_is_streamed(ex: LocalShellExecutor) -> None:
+    data = os.urandom(3 << 20)
+    r = run(ex, "sha256sum", stdin=data)
+    import hashlib
+
+    assert r.stdout.text.split()[0] == hashlib.sha256(data).hexdigest()
+
+
+def test_timeout_kills_the_group(ex: LocalShellExecutor) -> None:
+    t0 = time.monotonic()
+    r = run(ex, "sleep 30 & sleep 30", timeout_ms=200)
+    assert time.monotonic() - t0 < 5
+    assert r.timed_out and not r.aborted
+    assert r.signal == "SIGTERM" and r.exit_code is None
+    assert r.timeout_ms == 200
+
+
+def test_trapping_term_and_exiting_zero_still_reports_timeout(ex: LocalShellExecutor) -> None:
+    r = run(ex, f"exec {sys.executable} {HELPERS}/ignore_term.py exit0", timeout_ms=500)
+    assert r.timed_out and r.exit_code == 0 and r.signal is None
+
+
+def test_ignoring_term_escalates_to_kill(ex: LocalShellExecutor) -> None:
+    t0 = time.monotonic()
+    r = run(ex, f"exec {sys.executable} {HELPERS}/ignore_term.py", timeout_ms=500)
+    elapsed = time.monotonic() - t0
+    assert r.timed_out and r.signal == "SIGKILL"
+    assert 0.5 + 0.3 <= elapsed < 5  # timeout, then grace_ms before SIGKILL
+    assert r.stdout.text == "ready\n"
+
+
+def test_pre_aborted_signal_spawns_nothing(ex: LocalShellExecutor, tmp_path: object) -> None:
+    c = AbortController()
+    c.abort("stop")
+    marker = os.path.join(ex.cwd, "ran")
+    r = run(ex, f"touch {marker}", signal=c.signal)
+    assert r.aborted and not r.timed_out
+    assert (r.exit_code, r.signal) == (None, None)
+    assert r.stdout.text == "" and r.stderr.text == ""
+    assert not os.path.exists(marker)
+
+
+def test_abort_during_run(ex: LocalShellExecutor) -> None:
+    c = AbortController()
+    threading.Timer(0.2, c.abort).start()
+    r = run(ex, "sleep 30", signal=c.signal)
+    assert r.aborted and not r.timed_out and r.signal == "SIGTERM"
+
+
+def test_first_cause_wins_and_is_the_only_one(ex: LocalShellExecutor) -> None:
+    c = AbortController()
+    # The timeout fires first; a later abort must not flip the classification.
+    threading.Timer(0.6, c.abort).start()
+    r = run(ex, f"exec {sys.executable} {HELPERS}/ignore_term.py", timeout_ms=200, signal=c.signal)
+    assert r.timed_out and not r.aborted
+
+
+def test_async_run_and_abort() -> None:
+    async def main() -> None:
+        svc = SubprocessService()
+        ex = LocalShellExecutor(service=svc, grace_ms=300)
+        r = await ex.run(ex.resolve(ShellExecRequest(command="echo hi")))
+        assert r.stdout.text == "hi\n" and r.exit_code == 0
+        c = AbortController()
+        asyncio.get_running_loop().call_later(0.1, c.abort)
+        r = await ex.run(ex.resolve(ShellExecRequest(command="sleep 30", signal=c.signal)))
+        assert r.aborted and r.signal == "SIGTERM"
+        r = await ex.run(ex.resolve(ShellExecRequest(command="sleep 30", timeout_ms=100)))
+        assert r.timed_out
+        await svc.aclose()
+
+    asyncio.run(main())
+
+
+def test_cancelling_run_kills_then_reraises() -> None:
+    async def main() -> None:
+        svc = SubprocessService()
+        ex = LocalShellExecutor(service=svc, grace_ms=300)
+        spec = ex.resolve(ShellExecRequest(command="echo $$; sleep 30"))
+        task = asyncio.ensure_future(ex.run(spec))
+        await asyncio.sleep(0.3)
+        assert svc.running == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert svc.running == 0  # reaped before CancelledError surfaced
+        svc.dispose()
+
+    asyncio.run(main())
+
+
+def test_dispose_during_run_returns_killed_result() -> None:
+    svc = SubprocessService()
+    ex = LocalShellExecutor(service=svc, grace_ms=300)
+    spec = ex.resolve(ShellExecRequest(command="sleep 30"))
+    threading.Timer(0.2, svc.dispose).start()
+    r = ex.run_sync(spec)
+    assert r.signal == "SIGTERM" and not r.timed_out and not r.aborted
+    with pytest.raises(ShellError) as info:
+        ex.run_sync(spec)
+    assert info.value.code == "DISPOSED"
+
+
+def test_missing_workdir_is_spawn_failed(ex: LocalShellExecutor) -> None:
+    with pytest.raises(ShellError) as info:
+        run(ex, "true", workdir="/definitely/not/here")
+    assert info.value.code == "SPAWN_FAILED"
+    assert "/definitely/not/here" in info.value.reason
+    assert "No such file or directory" in info.value.reason
+
+
+def test_relative_workdir(ex: LocalShellExecutor) -> None:
+    os.mkdir(os.path.join(ex.cwd, "sub"))
+    assert run(ex, "pwd", workdir="sub").stdout.text == os.path.join(ex.cwd, "sub") + "\n"
+
+
+def test_invalid_utf8_and_binary_output(ex: LocalShellExecutor) -> None:
+    r = run(ex, r"printf 'a\xffb\xc3'; printf '\x00z'")
+    assert r.stdout.text == "a\ufffdb\ufffd\x00z"
+    assert r.stdout.total_bytes == 6
+
+
+def test_output_beyond_cap_spills_complete_stream(ex: LocalShellExecutor) -> None:
+    r = run(ex, "seq 1 100000")
+    expected = "".join(f"{i}\n" for i in range(1, 100001)).encode()
+    assert r.stdout.truncated and not r.stdout.spill_truncated
+    assert r.stdout.total_bytes == len(expected)
+    assert r.stdout.text.encode() == expected[-64_000:]
+    assert r.stdout.spill_path is not None
+    with open(r.stdout.spill_path, "rb") as f:
+        assert f.read() == expected
+    st = os.stat(r.stdout.spill_path)
+    assert st.st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(r.stdout.spill_path)).st_mode & 0o777 == 0o700
+
+
+def test_spill_is_capped_and_flagged(service: SubprocessService) -> None:
+    ex = LocalShellExecutor(max_output_bytes=1000, max_spill_bytes=5000, service=service)
+    r = run(ex, "head -c 20000 /dev/zero | tr '\\0' x")
+    assert r.stdout.truncated and r.stdout.spill_truncated
+    assert r.stdout.total_bytes == 20000 and r.stdout.text == "x" * 1000
+    assert r.stdout.spill_path is not None and os.path.getsize(r.stdout.spill_path) == 5000
+
+
+def test_stdout_max_bytes_raises_foreground_budget(ex: LocalShellExecutor) -> None:
+    r = run(ex, "seq 1 100000", stdout_max_bytes=1_000_000)
+    assert not r.stdout.truncated and r.stdout.text.endswith("100000\n")
+
+
+def test_tail_never_starts_inside_a_code_point(service: SubprocessService) -> None:
+    ex = LocalShellExecutor(max_output_bytes=8, service=service)
+    r = run(ex, "printf 'aaaaaaaaa€€€'")  # 9 + 9 bytes; the last 8 start inside a €
+    assert r.stdout.truncated and r.stdout.text == "€€"
+
+
+def test_spill_files_removed_on_dispose_unless_kept() -> None:
+    for keep in (False, True):
+        svc = SubprocessService(keep_spill=keep)
+        ex = LocalShellExecutor(max_output_bytes=10, service=svc)
+        r = run(ex, "seq 1 1000")
+        assert r.stdout.spill_path is not None
+        svc.dispose()
+        assert os.path.exists(r.stdout.spill_path) == keep
+
+
+def test_leftover_holding_pipes_is_drained_then_killed(ex: LocalShellExecutor) -> None:
+    t0 = time.monotonic()
+    r = run(ex, f"{sys.executable} {HELPERS}/grandchild_holds_pipe.py")
+    elapsed = time.monotonic() - t0
+    assert r.exit_code == 0
+    assert "parent done\n" in r.stdout.text and "grandchild " in r.stdout.text
+    assert r.leftover_killed == 1
+    assert 0.3 <= elapsed < 5  # waited the drain grace, then terminated
+    grandchild = int(r.stdout.text.split("grandchild ")[1].split()[0])
+    assert not os.path.exists(f"/proc/{grandchild}") or pids_in_group(grandchild) == []
+
+
+def test_background_job_not_holding_pipes_is_terminated(ex: LocalShellExecutor) -> None:
+    r = run(ex, "sleep 100 >/dev/null 2>&1 & echo $!")
+    assert r.leftover_killed == 1
+    pid = int(r.stdout.text)
+    assert pids_in_group(pid) == [] and r.exit_code == 0
+
+
+def test_command_closing_stdout_early(ex: LocalShellExecutor) -> None:
+    r = run(ex, "exec >&-; sleep 0.1; echo late >&2")
+    assert r.exit_code == 0 and r.stderr.text == "late\n"
+
+
+def test_sigpipe_default_in_child(ex: LocalShellExecutor) -> None:
+    # CPython ignores SIGPIPE; a child inheriting that would loop forever in `yes`.
+    r = run(ex, "yes | head -n 2", timeout_ms=10_000)
+    assert r.stdout.text == "y\ny\n" and not r.timed_out
+
+
+def test_no_signal_blocked_or_ignored_in_child(ex: LocalShellExecutor) -> None:
+    r = run(ex, "grep -E '^Sig(Blk|Ign)' /proc/self/status")
+    assert r.stdout.text == "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+
+
+def test_no_harness_fd_leaks(ex: LocalShellExecutor, tmp_path: object) -> None:
+    leaked = os.open("/etc/hostname", os.O_RDONLY)  # deliberately inheritable
+    os.set_inheritable(leaked, True)
+    try:
+        r = run(ex, "ls /proc/self/fd")
+    finally:
+        os.close(leaked)
+    # 0-2 plus the fd ls uses to read the directory itself.
+    fds = sorted(int(x) for x in r.stdout.text.split())
+    assert fds[:3] == [0, 1, 2] and len(fds) <= 4
+
+
+def test_fork_many_children_all_terminated(ex: LocalShellExecutor) -> None:
+    r = run(ex, f"{sys.executable} {HELPERS}/fork_many.py 300; echo $$")
+    assert r.leftover_killed == 300
+    assert pids_in_group(int(r.stdout.text.split()[-1])) == []
+
+
+def test_gigabyte_of_output_is_bounded(ex: LocalShellExecutor) -> None:
+    r = run(ex, "head -c 1G /dev/zero", timeout_ms=120_000)
+    assert r.exit_code == 0 and r.stdout.total_bytes == 1 << 30
+    assert r.stdout.truncated and len(r.stdout.text) == 64_000
+    assert r.stdout.spill_path is not None
+    assert os.path.getsize(r.stdout.spill_path) == 64 * 2**20 and r.stdout.spill_truncated
