@@ -1,0 +1,291 @@
+"""The MCP server in a real subprocess, driven by the official SDK client.
+
+Every test spawns the server the way an MCP client does (``stdio_client``) and talks to it
+through ``ClientSession``: the tool list and schemas, foreground and background bash calls,
+errors as ``isError``, and the session's lifetime (disconnect or SIGTERM kills what the
+session started, checked in /proc).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp", reason="the mcp SDK is not installed (pip install 'shellseam[mcp]')")
+
+import anyio
+import mcp_types as types
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from shellseam.env import ManagedEnvRegistry
+from shellseam.local import LocalShellExecutor
+from shellseam.mcp_server import run
+from shellseam.sandbox import SandboxShellExecutor
+from shellseam.tasks import TaskRuntime
+from shellseam.tool.bash import PROMPT_TEXT, BashTool
+from shellseam.tool.tasks import task_tools
+
+# The server itself: `shellseam mcp` is the CLI's name for exactly this call.
+_SERVER_CODE = (
+    "import sys; from shellseam.mcp_server import run; "
+    "sys.exit(run(sandbox=sys.argv[3] or None, workdir=sys.argv[1], home=sys.argv[2]))"
+)
+
+
+@asynccontextmanager
+async def connect(
+    workdir: Path, home: Path, sandbox: str = ""
+) -> AsyncIterator[tuple[ClientSession, types.InitializeResult]]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", _SERVER_CODE, str(workdir), str(home), sandbox],
+        env={"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        init = await session.initialize()
+        yield session, init
+
+
+def drive(scenario: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(scenario, backend="asyncio")
+
+
+async def bash(session: ClientSession, command: str, **extra: Any) -> types.CallToolResult:
+    return await session.call_tool("bash", {"command": command, "description": "test", **extra})
+
+
+def texts(result: types.CallToolResult) -> list[str]:
+    out = []
+    for item in result.content:
+        assert isinstance(item, types.TextContent)
+        out.append(item.text)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Alive unless gone or a zombie (dead, only waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def wait_dead(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(0.02)
+    return True
+
+
+async def wait_for_file(path: Path, within_s: float = 10.0) -> str:
+    deadline = time.monotonic() + within_s
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path} never written"
+        await anyio.sleep(0.02)
+    return path.read_text()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "dsh-home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def _expected_schemas(bash_tool: BashTool, tasks: TaskRuntime) -> dict[str, dict[str, Any]]:
+    return {t.schema()["name"]: t.schema() for t in (bash_tool, *task_tools(tasks))}
+
+
+def test_lists_the_four_tools_with_their_own_schemas(workdir: Path, home: Path) -> None:
+    tasks = TaskRuntime()
+    registry = ManagedEnvRegistry(home=str(home))
+    plain = _expected_schemas(
+        BashTool(LocalShellExecutor(cwd=str(workdir)), tasks=tasks, env=registry), tasks
+    )
+    sandboxed = _expected_schemas(
+        BashTool(SandboxShellExecutor(cwd=str(workdir)), tasks=tasks, env=registry), tasks
+    )
+    assert "sandbox_permissions" in sandboxed["bash"]["parameters"]["properties"]
+
+    async def scenario() -> None:
+        for sandbox, expected in (("", plain), ("workspace-write", sandboxed)):
+            async with connect(workdir, home, sandbox) as (session, init):
+                assert init.instructions == PROMPT_TEXT
+                listed = (await session.list_tools()).tools
+                assert [t.name for t in listed] == ["bash", "task_output", "task_list", "task_kill"]
+                for tool in listed:
+                    assert tool.description == expected[tool.name]["description"]
+                    assert tool.input_schema == expected[tool.name]["parameters"]
+
+    drive(scenario)
+
+
+def test_foreground_bash_returns_the_rendered_text(workdir: Path, home: Path) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            result = await bash(session, "echo out; echo err >&2; exit 2")
+            assert texts(result) == ["out\n[stderr]\nerr\n[exit code: 2]"]
+            assert result.is_error is False
+
+            result = await bash(session, "true")
+            assert texts(result) == ["(no output)\n[exit code: 0]"]
+
+            result = await bash(session, 'pwd; echo "$DSH_HOME $DSH_SHELL"; echo "$DSH_SESSION_ID"')
+            cwd, managed, session_id, marker = texts(result)[0].split("\n")
+            assert (cwd, managed, marker) == (str(workdir), f"{home} 1", "[exit code: 0]")
+            assert len(session_id) >= 16
+
+            (workdir / "sub").mkdir()
+            result = await bash(session, "pwd", workdir="sub")
+            assert texts(result) == [f"{workdir / 'sub'}\n[exit code: 0]"]
+
+            result = await bash(session, "sleep 5", timeoutMs=200)
+            assert texts(result)[0].endswith("[timed out after 200ms]\n[killed by signal: SIGTERM]")
+            assert result.is_error is False
+
+    drive(scenario)
+
+
+def test_errors_come_back_as_is_error(workdir: Path, home: Path) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            result = await session.call_tool("bash", {"command": "true"})
+            assert result.is_error is True
+            assert texts(result) == ["Error: invalid description: expected a non-empty string"]
+
+            result = await bash(session, "true", timeoutMs=-1)
+            assert texts(result) == ["Error: invalid timeoutMs: expected a positive number, got -1"]
+
+            result = await bash(session, "true", workdir="does-not-exist")
+            assert result.is_error is True
+            assert texts(result)[0].startswith("Error: spawn failed: ")
+
+            result = await session.call_tool("task_output", {"task_id": "bash-99"})
+            assert (result.is_error, texts(result)) == (True, ["Error: no such task: bash-99"])
+
+            result = await session.call_tool("no_such_tool", {})
+            assert (result.is_error, texts(result)) == (True, ["Error: unknown tool: no_such_tool"])
+
+            # The connection survives every error.
+            assert texts(await bash(session, "echo fine")) == ["fine\n[exit code: 0]"]
+
+    drive(scenario)
+
+
+def test_background_tasks_and_their_notices(workdir: Path, home: Path) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            started = await bash(session, "echo one; sleep 0.3; echo two", run_in_background=True)
+            assert texts(started) == ["started background task bash-1"]
+            assert started.is_error is False
+
+            listed = await session.call_tool("task_list", {})
+            assert texts(listed) == ["bash-1  running  test"]
+
+            read = await session.call_tool("task_output", {"task_id": "bash-1", "block": True})
+            assert texts(read) == ["task bash-1: completed, exit code: 0\none\ntwo\n"]
+
+            # A task nobody read is announced once, on the next result, as its own item.
+            await bash(session, "sleep 0.2; exit 3", run_in_background=True)
+            result = await bash(session, "sleep 0.5; echo fg")
+            assert texts(result) == [
+                "fg\n[exit code: 0]",
+                "background task bash-2 finished: completed",
+            ]
+            assert texts(await bash(session, "echo again")) == ["again\n[exit code: 0]"]
+
+            await bash(session, "sleep 300", run_in_background=True)
+            killed = await session.call_tool("task_kill", {"task_id": "bash-3"})
+            # The kill's own notice may already ride on this result: the task settles fast.
+            assert texts(killed)[0] == "killed task bash-3"
+
+    drive(scenario)
+
+
+async def _start_sleeper(session: ClientSession, pid_file: Path) -> tuple[int, int]:
+    """A background task whose grandchild must die with it; returns (shell pid, sleep pid)."""
+    command = f"sleep 300 & echo $$ $! > {pid_file}; wait"
+    assert texts(await bash(session, command, run_in_background=True))[0].startswith("started")
+    shell_pid, sleep_pid = map(int, (await wait_for_file(pid_file)).split())
+    assert alive(shell_pid) and alive(sleep_pid)
+    return shell_pid, sleep_pid
+
+
+async def _server_pid(session: ClientSession) -> int:
+    # The native core spawns from the server process, so it is every shell's parent.
+    return int(texts(await bash(session, "echo $PPID"))[0].split("\n")[0])
+
+
+def test_disconnect_kills_the_sessions_tasks_and_the_server_exits(
+    workdir: Path, home: Path
+) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            server_pid = await _server_pid(session)
+            pids = await _start_sleeper(session, workdir / "pids")
+            disconnected = time.monotonic()
+        # stdio_client closes stdin and only escalates to signals after 2 s: a server that
+        # exits on EOF by itself is gone well before that.
+        assert time.monotonic() - disconnected < 2
+        assert not alive(server_pid)
+        for pid in pids:
+            assert await wait_dead(pid, within_s=1), f"process {pid} outlived the session"
+
+    drive(scenario)
+
+
+def test_disconnect_during_a_foreground_call_kills_it(workdir: Path, home: Path) -> None:
+    pid_file = workdir / "pid"
+
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            server_pid = await _server_pid(session)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bash, session, f"echo $$ > {pid_file}; exec sleep 300")
+                pid = int(await wait_for_file(pid_file))
+                tg.cancel_scope.cancel()
+        assert await wait_dead(pid, within_s=5)
+        assert await wait_dead(server_pid, within_s=5)
+
+    drive(scenario)
+
+
+def test_sigterm_stops_the_server_and_the_sessions_processes(workdir: Path, home: Path) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            server_pid = await _server_pid(session)
+            pids = await _start_sleeper(session, workdir / "pids")
+            os.kill(server_pid, signal.SIGTERM)
+            # The client still holds stdin open: the server must not wait for EOF.
+            assert await wait_dead(server_pid, within_s=5)
+            for pid in pids:
+                assert not alive(pid), f"process {pid} outlived the server"
+
+    drive(scenario)
+
+
+def test_bad_arguments_exit_2_before_serving(
+    workdir: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(sandbox="bogus", workdir=str(workdir), home=str(home)) == 2
+    assert "invalid sandbox mode 'bogus'" in capsys.readouterr().err
+    assert run(sandbox=None, workdir=str(workdir / "missing"), home=str(home)) == 2
+    assert "workdir is not a directory" in capsys.readouterr().err
