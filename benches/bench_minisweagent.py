@@ -1,0 +1,81 @@
+"""Per-command cost of ShellseamEnvironment.execute against mini-swe-agent's LocalEnvironment.
+
+Both environments run the same action with the same contract (merged output, returncode),
+so the difference is what each process layer costs per call: ``true`` shows the fixed
+overhead, ``seq 1 100000`` (~589 KB of output) adds the cost of draining and decoding it.
+Repetitions are interleaved (local, shellseam, local, ...) so drift in machine load hits both
+sides alike; medians are reported, and a ratio above 1 means shellseam is slower.
+
+Run: ``python benches/bench_minisweagent.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+# mini-swe-agent prints a banner on import unless told not to.
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+
+from minisweagent.environments.local import LocalEnvironment
+from shellseam.integrations.minisweagent import ShellseamEnvironment
+
+COMMANDS = ("true", "seq 1 100000")
+
+
+def _time_ms(execute: Callable[[], dict[str, Any]]) -> float:
+    started = time.perf_counter()
+    result = execute()
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    if result["returncode"] != 0:
+        raise RuntimeError(f"benchmark action failed: {result}")
+    return elapsed_ms
+
+
+def _measure(command: str, repetitions: int) -> dict[str, Any]:
+    action = {"command": command}
+    # The shellseam side must not truncate: both sides return the full output.
+    envs: dict[str, Any] = {
+        "local": LocalEnvironment(),
+        "shellseam": ShellseamEnvironment(max_output_bytes=8 * 2**20),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in envs}
+    for env in envs.values():  # warm-up: imports, the native supervisor, page cache
+        env.execute(action)
+    for _ in range(repetitions):
+        for name, env in envs.items():
+            samples[name].append(_time_ms(functools.partial(env.execute, action)))
+    local_ms = statistics.median(samples["local"])
+    shellseam_ms = statistics.median(samples["shellseam"])
+    return {
+        "name": f"minisweagent execute: {command}",
+        "peer": "minisweagent LocalEnvironment",
+        "repetitions": repetitions,
+        "shellseam_ms": shellseam_ms,
+        "peer_ms": local_ms,
+        "ratio": shellseam_ms / local_ms,
+    }
+
+
+def main(quick: bool) -> list[dict[str, Any]]:
+    """Measure every command, print the ratio table, and return its rows."""
+    repetitions = {"true": 30, "seq 1 100000": 10} if quick else {"true": 300, "seq 1 100000": 60}
+    rows = [_measure(command, repetitions[command]) for command in COMMANDS]
+    print(f"{'benchmark':<36} {'shellseam ms':>12} {'local ms':>10} {'ratio':>7}")
+    for row in rows:
+        print(
+            f"{row['name']:<36} {row['shellseam_ms']:>12.3f} {row['peer_ms']:>10.3f} "
+            f"{row['ratio']:>7.2f}"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    main(quick=parser.parse_args().quick)
