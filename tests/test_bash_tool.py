@@ -457,3 +457,14 @@ def test_real_abort_kills_the_command(service: SubprocessService, tmp_path: Path
     assert asyncio.run(main()) == ToolResult("Error: tool call aborted", True, None)
     assert time.monotonic() - started < 10
     assert service.running == 0
+
+
+def test_real_capped_spill_marker(service: SubprocessService, tmp_path: Path) -> None:
+    tool, ctx, _ = real_tool(service, tmp_path, max_output_bytes=1000, max_spill_bytes=5000)
+    answer = call(tool, ok("head -c 20000 /dev/zero | tr '\\0' x"), ctx)
+    assert answer.details is not None
+    spill = answer.details["stdout"]["spill_path"]
+    assert answer.text == (
+        "x" * 1000 + f"\n[output truncated; first 5000 bytes saved: {spill}]\n[exit code: 0]"
+    )
+    assert Path(spill).read_text() == "x" * 5000
