@@ -140,21 +140,34 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def collected(text: str = "") -> CollectedOutput:
-    return CollectedOutput(text, False, None, len(text.encode()), False)
+def collected(text: str = "", **kw: object) -> CollectedOutput:
+    """A stream that produced ``text``; keywords override the other fields."""
+    fields: dict[str, object] = {
+        "text": text,
+        "truncated": False,
+        "spill_path": None,
+        "total_bytes": len(text.encode()),
+        "spill_truncated": False,
+    }
+    fields.update(kw)
+    return CollectedOutput(**fields)  # type: ignore[arg-type]
 
 
 def run_result(
-    stdout: str = "", stderr: str = "", exit_code: int | None = 0, **kw: object
+    stdout: str | CollectedOutput = "",
+    stderr: str | CollectedOutput = "",
+    exit_code: int | None = 0,
+    **kw: object,
 ) -> ShellRunResult:
+    """A finished run; plain strings become untruncated streams, keywords override."""
     fields: dict[str, object] = {
         "exit_code": exit_code,
         "signal": None,
         "timed_out": False,
         "aborted": False,
         "timeout_ms": 120_000,
-        "stdout": collected(stdout),
-        "stderr": collected(stderr),
+        "stdout": collected(stdout) if isinstance(stdout, str) else stdout,
+        "stderr": collected(stderr) if isinstance(stderr, str) else stderr,
         "duration_ms": 1.5,
     }
     fields.update(kw)

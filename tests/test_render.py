@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fakes import collected as out
+from fakes import run_result as result
 from hypothesis import given
 from hypothesis import strategies as st
 from shellseam.render import (
@@ -14,39 +16,7 @@ from shellseam.render import (
     render_result,
     render_termination,
 )
-from shellseam.types import CollectedOutput, ShellRunResult, ShellSandboxInfo
-
-
-def out(text: str = "", **kw: object) -> CollectedOutput:
-    fields: dict[str, object] = {
-        "text": text,
-        "truncated": False,
-        "spill_path": None,
-        "total_bytes": len(text.encode()),
-        "spill_truncated": False,
-    }
-    fields.update(kw)
-    return CollectedOutput(**fields)  # type: ignore[arg-type]
-
-
-def result(
-    stdout: str | CollectedOutput = "",
-    stderr: str | CollectedOutput = "",
-    exit_code: int | None = 0,
-    **kw: object,
-) -> ShellRunResult:
-    fields: dict[str, object] = {
-        "exit_code": exit_code,
-        "signal": None,
-        "timed_out": False,
-        "aborted": False,
-        "timeout_ms": 120_000,
-        "stdout": out(stdout) if isinstance(stdout, str) else stdout,
-        "stderr": out(stderr) if isinstance(stderr, str) else stderr,
-        "duration_ms": 1.0,
-    }
-    fields.update(kw)
-    return ShellRunResult(**fields)  # type: ignore[arg-type]
+from shellseam.types import ShellRunResult, ShellSandboxInfo
 
 
 def test_spec_examples() -> None:
