@@ -1,0 +1,158 @@
+"""Background processes: start, consuming merged reads, lossy reads, kill, wait, disposal."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from conftest import pids_in_group
+
+from shellseam import (
+    LocalShellExecutor,
+    ShellError,
+    ShellExecRequest,
+    ShellProcess,
+    SubprocessService,
+)
+
+
+def start(ex: LocalShellExecutor, command: str, **fields: object) -> ShellProcess:
+    return ex.start(ex.resolve(ShellExecRequest(command=command, **fields)))  # type: ignore[arg-type]
+
+
+def test_start_returns_at_once_and_applies_no_timeout(ex: LocalShellExecutor) -> None:
+    t0 = time.monotonic()
+    p = start(ex, "sleep 1; echo done", timeout_ms=100)
+    assert time.monotonic() - t0 < 0.5
+    assert p.status == "running" and p.exit_code is None and p.signal is None
+    assert p.wait_sync(10)
+    assert p.status == "completed" and p.exit_code == 0
+    assert p.read_output().delta == "done\n"
+
+
+def test_reads_are_consuming_and_merge_stderr_section(ex: LocalShellExecutor) -> None:
+    p = start(ex, "echo a; echo b >&2; sleep 0.3; echo c")
+    time.sleep(0.2)
+    first = p.read_output()
+    assert first.delta == "a\n\n[stderr]\nb\n" and not first.lossy
+    assert p.wait_sync(10)
+    second = p.read_output()
+    assert second.delta == "c\n"  # no stderr since the last read: no section
+    assert p.read_output().delta == ""  # reads stay valid after settlement
+    assert second.stdout_spill_path is None and second.stderr_spill_path is None
+
+
+def test_lossy_read_points_at_spill(service: SubprocessService) -> None:
+    ex = LocalShellExecutor(max_output_bytes=1000, service=service)
+    p = start(ex, "seq 1 10000")
+    assert p.wait_sync(10)
+    r = p.read_output()
+    assert r.lossy and r.stdout_spill_path is not None
+    assert len(r.delta.encode()) <= 1000 and r.delta.endswith("10000\n")
+    with open(r.stdout_spill_path) as f:
+        assert f.read() == "".join(f"{i}\n" for i in range(1, 10001))
+
+
+def test_kill_is_idempotent_and_status_killed(ex: LocalShellExecutor) -> None:
+    p = start(ex, "sleep 30")
+    assert p.kill() is True
+    assert p.kill() is False  # escalation under way
+    assert p.wait_sync(10)
+    assert p.status == "killed" and p.signal == "SIGTERM" and p.exit_code is None
+    assert p.kill() is False  # settled: no-op
+
+
+def test_completed_vs_killed_by_own_signal(ex: LocalShellExecutor) -> None:
+    p = start(ex, "exit 4")
+    assert p.wait_sync(10)
+    assert (p.status, p.exit_code) == ("completed", 4)
+    p = start(ex, "kill -9 $$")
+    assert p.wait_sync(10)
+    assert (p.status, p.signal) == ("killed", "SIGKILL")
+
+
+def test_async_wait_and_done_callback(ex: LocalShellExecutor) -> None:
+    seen: list[str] = []
+    done = threading.Event()
+
+    async def main() -> None:
+        p = start(ex, "sleep 0.2")
+        p.add_done_callback(lambda proc: (seen.append(proc.status), done.set()))
+        await p.wait()
+        assert p.status == "completed"
+
+    asyncio.run(main())
+    assert done.wait(5) and seen == ["completed"]
+    late: list[str] = []
+    p = start(ex, "true")
+    p.wait_sync(10)
+    p.add_done_callback(lambda proc: late.append(proc.status))  # settled: runs at once
+    assert late == ["completed"]
+
+
+def test_wait_sync_timeout(ex: LocalShellExecutor) -> None:
+    p = start(ex, "sleep 30")
+    assert p.wait_sync(0.1) is False
+    p.kill()
+    assert p.wait_sync(10) is True
+
+
+def test_spawn_failure_is_delivered_once(ex: LocalShellExecutor) -> None:
+    p = start(ex, "true", workdir="/no/such/dir")
+    assert p.status == "killed" and p.exit_code is None
+    first = p.read_output().delta
+    assert first.startswith("spawn failed: ") and "/no/such/dir" in first
+    assert p.read_output().delta == ""
+    assert p.kill() is False
+    assert p.wait_sync(0) is True
+    asyncio.run(p.wait())
+
+
+def test_process_survives_executor_replacement_and_dies_with_service() -> None:
+    svc = SubprocessService()
+    ex = LocalShellExecutor(service=svc, grace_ms=300)
+    p = start(ex, "echo $$; sleep 30")
+    del ex
+    ex2 = LocalShellExecutor(service=svc)
+    assert ex2.service is svc
+    time.sleep(0.2)
+    pid = int(p.read_output().delta)
+    assert p.status == "running" and pids_in_group(pid)
+    svc.dispose()
+    assert p.status == "killed" and pids_in_group(pid) == []
+    try:
+        start(LocalShellExecutor(service=svc), "true")
+    except ShellError as err:
+        assert err.code == "DISPOSED"
+    else:
+        raise AssertionError("start after dispose must raise DISPOSED")
+
+
+def test_aclose_kills_without_blocking_the_loop() -> None:
+    async def main() -> None:
+        svc = SubprocessService()
+        ex = LocalShellExecutor(service=svc, grace_ms=300)
+        p = start(ex, "sleep 30")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.ensure_future(ticker())
+        await svc.aclose()
+        t.cancel()
+        assert p.status == "killed" and svc.disposed
+
+    asyncio.run(main())
+
+
+def test_partial_utf8_is_held_until_complete(ex: LocalShellExecutor) -> None:
+    p = start(ex, r"printf '\xe2\x82'; sleep 0.3; printf '\xac'")
+    time.sleep(0.15)
+    assert p.read_output().delta == ""
+    p.wait_sync(10)
+    assert p.read_output().delta == "€"

@@ -1,0 +1,99 @@
+"""Hygiene over thousands of calls: no zombie, no leaked fd, no leaked thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+from shellseam import AbortController, LocalShellExecutor, ShellExecRequest, SubprocessService
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def own_zombies() -> int:
+    me = os.getpid()
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] == "Z" and int(fields[1]) == me:
+            count += 1
+    return count
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_thousand_calls_leave_nothing_behind() -> None:
+    svc = SubprocessService()
+    ex = LocalShellExecutor(service=svc, grace_ms=200, max_output_bytes=100)
+    ex.run_sync(ex.resolve(ShellExecRequest(command="true")))  # start the supervisor
+    fds, threads = fd_count(), thread_count()
+
+    async def batch() -> None:
+        specs = []
+        for i in range(1000):
+            kind = i % 5
+            if kind == 0:
+                specs.append(ShellExecRequest(command="echo hi"))
+            elif kind == 1:
+                specs.append(ShellExecRequest(command="seq 1 500"))  # spills
+            elif kind == 2:
+                specs.append(ShellExecRequest(command="sleep 5", timeout_ms=20))
+            elif kind == 3:
+                c = AbortController()
+                asyncio.get_running_loop().call_later(0.01, c.abort)
+                specs.append(ShellExecRequest(command="sleep 5", signal=c.signal))
+            else:
+                specs.append(ShellExecRequest(command="exit 3", stdin="data"))
+        sem = asyncio.Semaphore(64)
+
+        async def one(req: ShellExecRequest) -> None:
+            async with sem:
+                await ex.run(ex.resolve(req))
+
+        await asyncio.gather(*(one(r) for r in specs))
+
+    asyncio.run(batch())
+    for _ in range(50):
+        p = ex.start(ex.resolve(ShellExecRequest(command="sleep 5")))
+        p.kill()
+        p.wait_sync(10)
+    assert svc.running == 0
+    assert own_zombies() == 0
+    assert fd_count() == fds
+    assert thread_count() == threads
+    svc.dispose()
+    assert thread_count() == threads - 1  # the supervisor thread is gone too
+
+
+def test_one_supervisor_thread_for_many_concurrent_processes() -> None:
+    svc = SubprocessService()
+    ex = LocalShellExecutor(service=svc)
+    base = threading.active_count()
+    native_before = thread_count()
+
+    async def main() -> int:
+        tasks = [
+            asyncio.ensure_future(ex.run(ex.resolve(ShellExecRequest(command="sleep 0.5"))))
+            for _ in range(200)
+        ]
+        await asyncio.sleep(0.2)
+        during = thread_count()
+        await asyncio.gather(*tasks)
+        return during
+
+    during = asyncio.run(main())
+    assert during - native_before <= 1  # the supervisor, nothing per process or waiter
+    assert threading.active_count() == base
+    svc.dispose()
