@@ -8,12 +8,14 @@ session started, checked in /proc).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +35,21 @@ from shellseam.tasks import TaskRuntime
 from shellseam.tool.bash import PROMPT_TEXT, BashTool
 from shellseam.tool.tasks import task_tools
 
-# The server itself: `shellseam mcp` is the CLI's name for exactly this call.
-_SERVER_CODE = (
-    "import sys; from shellseam.mcp_server import run; "
-    "sys.exit(run(sandbox=sys.argv[3] or None, workdir=sys.argv[1], home=sys.argv[2]))"
-)
+
+def server_command(workdir: Path, home: Path, sandbox: str = "") -> list[str]:
+    """``shellseam mcp`` exactly as a client configuration would spell it."""
+    command = [sys.executable, "-m", "shellseam.cli", "mcp"]
+    command += ["--workdir", str(workdir), "--home", str(home)]
+    return command + (["--sandbox", sandbox] if sandbox else [])
 
 
 @asynccontextmanager
 async def connect(
     workdir: Path, home: Path, sandbox: str = ""
 ) -> AsyncIterator[tuple[ClientSession, types.InitializeResult]]:
+    executable, *args = server_command(workdir, home, sandbox)
     params = StdioServerParameters(
-        command=sys.executable,
-        args=["-c", _SERVER_CODE, str(workdir), str(home), sandbox],
-        env={"PYTHONPATH": os.pathsep.join(sys.path)},
+        command=executable, args=args, env={"PYTHONPATH": os.pathsep.join(sys.path)}
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         init = await session.initialize()
@@ -94,6 +96,35 @@ async def wait_for_file(path: Path, within_s: float = 10.0) -> str:
         assert time.monotonic() < deadline, f"{path} never written"
         await anyio.sleep(0.02)
     return path.read_text()
+
+
+_INITIALIZE = (
+    b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": '
+    b'"2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}\n'
+)
+
+
+@contextmanager
+def _raw_server(workdir: Path, home: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The server over plain pipes, initialized: its signal handlers are in place."""
+    server = subprocess.Popen(
+        server_command(workdir, home), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        server.stdin.write(_INITIALIZE)
+        server.stdin.flush()
+        assert b'"serverInfo"' in server.stdout.readline()
+        server.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        server.stdin.flush()
+        yield server
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+        server.stdout.close()
+        if not server.stdin.closed:
+            server.stdin.close()
 
 
 @pytest.fixture
@@ -252,20 +283,48 @@ def test_disconnect_kills_the_sessions_tasks_and_the_server_exits(
     drive(scenario)
 
 
-def test_disconnect_during_a_foreground_call_kills_it(workdir: Path, home: Path) -> None:
+def test_cancelling_a_call_kills_its_process_and_calls_run_concurrently(
+    workdir: Path, home: Path
+) -> None:
     pid_file = workdir / "pid"
 
     async def scenario() -> None:
         async with connect(workdir, home) as (session, _init):
-            server_pid = await _server_pid(session)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(bash, session, f"echo $$ > {pid_file}; exec sleep 300")
                 pid = int(await wait_for_file(pid_file))
-                tg.cancel_scope.cancel()
-        assert await wait_dead(pid, within_s=5)
-        assert await wait_dead(server_pid, within_s=5)
+                # A long call does not hold up the session's other calls.
+                with anyio.fail_after(5):
+                    assert texts(await bash(session, "echo meanwhile")) == [
+                        "meanwhile\n[exit code: 0]"
+                    ]
+                tg.cancel_scope.cancel()  # the SDK client sends notifications/cancelled
+            assert await wait_dead(pid, within_s=5)
+            assert texts(await bash(session, "echo still")) == ["still\n[exit code: 0]"]
 
     drive(scenario)
+
+
+def test_disconnect_during_a_foreground_call_kills_it(workdir: Path, home: Path) -> None:
+    # Raw protocol: the SDK client cannot leave with a call still in flight.
+    pid_file = workdir / "pid"
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {
+            "name": "bash",
+            "arguments": {"command": f"echo $$ > {pid_file}; exec sleep 300", "description": "x"},
+        },
+    }
+    with _raw_server(workdir, home) as server:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(call).encode() + b"\n")
+        server.stdin.flush()
+        pid = int(anyio.run(wait_for_file, pid_file))
+        server.stdin.close()
+        assert server.wait(timeout=10) == 0
+    assert not alive(pid)
 
 
 def test_sigterm_stops_the_server_and_the_sessions_processes(workdir: Path, home: Path) -> None:
@@ -280,6 +339,17 @@ def test_sigterm_stops_the_server_and_the_sessions_processes(workdir: Path, home
                 assert not alive(pid), f"process {pid} outlived the server"
 
     drive(scenario)
+
+
+@pytest.mark.parametrize("stop", ["eof", "sigterm"])
+def test_the_server_exits_0_on_eof_and_on_sigterm(workdir: Path, home: Path, stop: str) -> None:
+    with _raw_server(workdir, home) as server:
+        assert server.stdin is not None
+        if stop == "eof":
+            server.stdin.close()
+        else:
+            server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0
 
 
 def test_bad_arguments_exit_2_before_serving(

@@ -175,12 +175,16 @@ class _StreamLines(anyio.AsyncFile[str]):
     """
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
+        # The base class wants a file object; every read is overridden to use the reader.
         super().__init__(io.StringIO())
         self._reader = reader
 
+    async def readline(self) -> str:
+        return (await self._reader.readline()).decode("utf-8", errors="replace")
+
     async def __aiter__(self) -> AsyncIterator[str]:
-        while line := await self._reader.readline():
-            yield line.decode("utf-8", errors="replace")
+        while line := await self.readline():
+            yield line
 
 
 @asynccontextmanager
@@ -188,7 +192,8 @@ async def _cancellable_stdin() -> AsyncIterator[anyio.AsyncFile[str] | None]:
     """A loop-driven reader over fd 0 when it is a pipe or socket, else None (SDK default).
 
     Only pipes and sockets: making a terminal or file non-blocking would change it for
-    every other process sharing it.
+    every other process sharing it. (On a terminal, SIGTERM then waits for the next line
+    or EOF; MCP clients always connect through pipes.)
     """
     try:
         fd_mode = os.fstat(0).st_mode
