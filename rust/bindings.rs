@@ -14,16 +14,31 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::collector::{Collected, Collector as CoreCollector, Delta};
-use crate::spill::SpillDir;
-use crate::env::{EnvLayers, EnvPair, build_env as core_build_env};
+use crate::env::{build_env as core_build_env, EnvLayers, EnvPair};
 use crate::errors::CoreError;
 use crate::landlock;
 use crate::spawn::SpawnPlan;
+use crate::spill::SpillDir;
 use crate::supervisor::{Notifier as CoreNotifier, Proc as CoreProc, ProcConfig, Service};
 
-create_exception!(_core, SpawnError, PyException, "A spawn failed: args are (stage, errno, message).");
-create_exception!(_core, DisposedError, PyException, "The service has been disposed.");
-create_exception!(_core, SandboxError, PyException, "A Landlock ruleset could not be built.");
+create_exception!(
+    _core,
+    SpawnError,
+    PyException,
+    "A spawn failed: args are (stage, errno, message)."
+);
+create_exception!(
+    _core,
+    DisposedError,
+    PyException,
+    "The service has been disposed."
+);
+create_exception!(
+    _core,
+    SandboxError,
+    PyException,
+    "A Landlock ruleset could not be built."
+);
 
 /// Slice length of GIL-released waits between checks for Python signals (Ctrl-C).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -32,9 +47,7 @@ fn to_py_err(err: CoreError) -> PyErr {
     match err {
         CoreError::Disposed => DisposedError::new_err("the subprocess service has been disposed"),
         CoreError::Invalid(msg) => PyValueError::new_err(msg),
-        CoreError::Spawn(e) => {
-            SpawnError::new_err((e.stage.name(), e.errno, e.strerror()))
-        }
+        CoreError::Spawn(e) => SpawnError::new_err((e.stage.name(), e.errno, e.strerror())),
         CoreError::Io(e) => PyOSError::new_err(e.to_string()),
     }
 }
@@ -209,7 +222,10 @@ impl Collector {
     #[new]
     fn new(cap: usize, spill_cap: u64, spill_parent: PathBuf) -> Self {
         Self {
-            inner: std::sync::Mutex::new((CoreCollector::new(cap, spill_cap), SpillDir::new(spill_parent))),
+            inner: std::sync::Mutex::new((
+                CoreCollector::new(cap, spill_cap),
+                SpillDir::new(spill_parent),
+            )),
         }
     }
 
@@ -292,13 +308,17 @@ impl Supervisor {
     #[new]
     fn new(spill_parent: PathBuf) -> PyResult<Self> {
         Ok(Self {
-            inner: Arc::new(Service::new(spill_parent).map_err(|e| PyOSError::new_err(e.to_string()))?),
+            inner: Arc::new(
+                Service::new(spill_parent).map_err(|e| PyOSError::new_err(e.to_string()))?,
+            ),
         })
     }
 
     #[getter]
     fn spill_dir(&self) -> Option<String> {
-        self.inner.spill_dir().map(|p| p.to_string_lossy().into_owned())
+        self.inner
+            .spill_dir()
+            .map(|p| p.to_string_lossy().into_owned())
     }
 
     #[getter]
@@ -363,7 +383,9 @@ impl Supervisor {
             stdin,
         };
         let inner = Arc::clone(&self.inner);
-        let proc = py.detach(move || inner.spawn(&plan, cfg)).map_err(to_py_err)?;
+        let proc = py
+            .detach(move || inner.spawn(&plan, cfg))
+            .map_err(to_py_err)?;
         Ok(Proc { inner: proc })
     }
 

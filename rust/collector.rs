@@ -239,16 +239,17 @@ mod tests {
     fn capped_spill_is_not_reopened_by_later_chunks() {
         let dir = std::env::temp_dir();
         let mut spill = crate::spill::SpillDir::new(dir);
-        let mut open = || spill.create_file("t");
         let mut c = Collector::new(10, 25);
-        for _ in 0..5 {
-            c.push(b"0123456789", &mut open);
+        {
+            let mut open = || spill.create_file("t");
+            for _ in 0..5 {
+                c.push(b"0123456789", &mut open);
+            }
         }
         let got = c.collected();
         assert!(got.spill_truncated);
         let path = got.spill_path.unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"0123456789012345678901234");
-        drop(open);
         spill.remove().unwrap();
     }
 

@@ -69,7 +69,11 @@ pub fn abi() -> i32 {
             CREATE_RULESET_VERSION,
         )
     };
-    if v < 0 { 0 } else { v as i32 }
+    if v < 0 {
+        0
+    } else {
+        v as i32
+    }
 }
 
 /// Filesystem rights the kernel of `abi` knows.
@@ -186,7 +190,13 @@ fn add_path_rule(ruleset: &OwnedFd, path: &str, access: u64) -> io::Result<()> {
 }
 
 /// Device files a read-only command may still write (and what `/dev/std*` needs).
-const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts"];
+const WRITABLE_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/pts",
+];
 
 /// Builds the ruleset of a confined mode for the running kernel.
 pub fn build(policy: &Policy) -> io::Result<Ruleset> {
@@ -290,7 +300,11 @@ pub fn describe_fs_rights(mask: u64) -> Vec<&'static str> {
 /// Filesystem rights of the running kernel, for reporting.
 pub fn kernel_fs_rights() -> u64 {
     let abi = abi();
-    if abi < 1 { 0 } else { fs_rights_for(abi) }
+    if abi < 1 {
+        0
+    } else {
+        fs_rights_for(abi)
+    }
 }
 
 #[cfg(test)]

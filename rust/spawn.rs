@@ -7,7 +7,7 @@
 //! reports a failure before exec (stage + errno) through a close-on-exec pipe, so spawn
 //! errors are exact and a refused sandbox is told apart from the command's own failure.
 
-use std::ffi::{CString, c_void};
+use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -124,7 +124,11 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         cwd: plan.cwd.as_ptr(),
-        stdio: [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()],
+        stdio: [
+            stdin_r.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+        ],
         report_fd: report_w.as_raw_fd(),
         landlock_fd: plan.landlock_ruleset.unwrap_or(-1),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
@@ -323,8 +327,15 @@ fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
         }
 
         if args.landlock_fd >= 0 {
-            sys(libc::syscall(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-                .map_err(|_| SpawnStage::Sandbox)?;
+            sys(libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_SET_NO_NEW_PRIVS,
+                1,
+                0,
+                0,
+                0,
+            ))
+            .map_err(|_| SpawnStage::Sandbox)?;
             sys(libc::syscall(
                 libc::SYS_landlock_restrict_self,
                 args.landlock_fd,

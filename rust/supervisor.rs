@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::collector::{Collected, Collector, Delta};
 use crate::errors::CoreError;
 use crate::kill::{count_group, group_alive, signal_group};
-use crate::spawn::{SpawnPlan, spawn};
+use crate::spawn::{spawn, SpawnPlan};
 use crate::spill::SpillDir;
 
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -478,9 +478,8 @@ impl Proc {
             Duration::from_secs(t.tv_sec.max(0) as u64)
                 + Duration::from_micros(t.tv_usec.max(0) as u64)
         };
-        let (user_cpu, system_cpu, max_rss_kib) = st
-            .rusage
-            .map_or((Duration::ZERO, Duration::ZERO, 0), |r| {
+        let (user_cpu, system_cpu, max_rss_kib) =
+            st.rusage.map_or((Duration::ZERO, Duration::ZERO, 0), |r| {
                 (tv(r.ru_utime), tv(r.ru_stime), r.ru_maxrss)
             });
         Some(Outcome {
@@ -497,7 +496,10 @@ impl Proc {
 
     pub fn collected(&self) -> (Collected, Collected) {
         let st = lock(&self.state);
-        (st.stdout.collector.collected(), st.stderr.collector.collected())
+        (
+            st.stdout.collector.collected(),
+            st.stderr.collector.collected(),
+        )
     }
 
     /// Consumes unread output of both streams.
@@ -809,7 +811,9 @@ mod tests {
     #[test]
     fn runs_and_collects() {
         let svc = Service::new(std::env::temp_dir()).unwrap();
-        let p = svc.spawn(&plan("echo out; echo err >&2; exit 3"), cfg(1000)).unwrap();
+        let p = svc
+            .spawn(&plan("echo out; echo err >&2; exit 3"), cfg(1000))
+            .unwrap();
         assert!(p.wait(Some(Duration::from_secs(10))));
         let o = p.outcome().unwrap();
         assert_eq!(o.exit_code, Some(3));

@@ -7,7 +7,6 @@ import threading
 import time
 
 from conftest import pids_in_group
-
 from shellseam import (
     LocalShellExecutor,
     ShellError,

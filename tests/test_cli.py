@@ -88,7 +88,7 @@ def test_infrastructure_failure_is_one_line_exit_125() -> None:
 
 def test_spill_paths_stay_readable_after_exit() -> None:
     p = cli("run", "--", "seq 1 100000")
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("[output truncated")][0]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("[output truncated"))
     path = line.removeprefix("[output truncated; full output: ").removesuffix("]")
     try:
         with open(path) as f:
@@ -102,9 +102,7 @@ def test_spill_paths_stay_readable_after_exit() -> None:
 def test_sandboxed_run_marks_denial() -> None:
     p = cli("run", "--sandbox", "read-only", "--workdir", "/var/tmp", "--", "touch x")
     assert p.returncode == 1
-    assert p.stdout.endswith(
-        "[sandbox: file access denied under read-only mode]\n[exit code: 1]\n"
-    )
+    assert p.stdout.endswith("[sandbox: file access denied under read-only mode]\n[exit code: 1]\n")
 
 
 def test_doctor_reports_landlock_and_limits() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 
 from hypothesis import given, settings
@@ -60,7 +61,7 @@ def split_text(draw: st.DrawFn) -> list[bytes]:
     data = draw(st.text(max_size=400)).encode()
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=20)))
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @settings(max_examples=300, deadline=None)

@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from conftest import run
 
+from conftest import run
 from shellseam import LocalShellExecutor, SubprocessService
 
 

@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from conftest import HELPERS, pids_in_group, run
 
+from conftest import HELPERS, pids_in_group, run
 from shellseam import (
     AbortController,
     LocalShellExecutor,

@@ -13,9 +13,9 @@ import textwrap
 from collections.abc import Iterator
 
 import pytest
-from conftest import run
 
 import shellseam
+from conftest import run
 from shellseam import (
     SandboxPolicy,
     SandboxShellExecutor,
@@ -51,9 +51,7 @@ def dirs() -> Iterator[dict[str, str]]:
     shutil.rmtree(tmp)
 
 
-def make(
-    mode: shellseam.SandboxMode, ws: str, service: SubprocessService
-) -> SandboxShellExecutor:
+def make(mode: shellseam.SandboxMode, ws: str, service: SubprocessService) -> SandboxShellExecutor:
     return SandboxShellExecutor(mode=mode, cwd=ws, grace_ms=300, service=service)
 
 
@@ -275,4 +273,4 @@ def test_kernel_refusing_the_ruleset_is_a_runner_failure() -> None:
 
 
 def test_landlock_abi_reports_kernel() -> None:
-    assert ABI == shellseam._core.landlock_abi() and ABI >= 1
+    assert shellseam._core.landlock_abi() == ABI and ABI >= 1

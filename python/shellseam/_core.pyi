@@ -1,6 +1,24 @@
 """Type stubs of the native core (``rust/bindings.rs``); checked by ``mypy.stubtest``."""
 
 from os import PathLike
+from typing import final
+
+__all__ = [
+    "Collector",
+    "DisposedError",
+    "Notifier",
+    "Proc",
+    "Ruleset",
+    "SandboxError",
+    "SpawnError",
+    "Supervisor",
+    "build_env",
+    "build_ruleset",
+    "landlock_abi",
+    "landlock_fs_rights",
+    "landlock_missing",
+]
+
 
 _Collected = tuple[str, bool, str | None, int, bool]
 _Delta = tuple[str, bool, str | None]
@@ -10,6 +28,7 @@ class SpawnError(Exception): ...
 class DisposedError(Exception): ...
 class SandboxError(Exception): ...
 
+@final
 class Notifier:
     def __new__(cls) -> Notifier: ...
     @property
@@ -18,6 +37,7 @@ class Notifier:
     def take(self) -> list[int]: ...
     def wait(self, timeout: float | None = None) -> list[int]: ...
 
+@final
 class Proc:
     @property
     def pid(self) -> int: ...
@@ -32,6 +52,7 @@ class Proc:
     def collected(self) -> tuple[_Collected, _Collected]: ...
     def read(self) -> tuple[_Delta, _Delta]: ...
 
+@final
 class Collector:
     def __new__(cls, cap: int, spill_cap: int, spill_parent: str | PathLike[str]) -> Collector: ...
     def push(self, chunk: bytes) -> None: ...
@@ -39,12 +60,14 @@ class Collector:
     def read(self, final_read: bool = False) -> _Delta: ...
     def tail_bytes(self) -> bytes: ...
 
+@final
 class Ruleset:
     @property
     def enforcement(self) -> str: ...
     @property
     def missing(self) -> list[str]: ...
 
+@final
 class Supervisor:
     def __new__(cls, spill_parent: str | PathLike[str]) -> Supervisor: ...
     @property

@@ -23,6 +23,7 @@ from .process import ShellProcess, signal_name
 from .service import SubprocessService, default_service
 from .types import (
     CollectedOutput,
+    SandboxMode,
     SandboxPolicy,
     ShellExecRequest,
     ShellExecSpec,
@@ -105,14 +106,15 @@ def _collected(raw: tuple[str, bool, str | None, int, bool]) -> CollectedOutput:
     return CollectedOutput(text, truncated, spill_path, total_bytes, spill_truncated)
 
 
-_EMPTY = CollectedOutput(text="", truncated=False, spill_path=None, total_bytes=0,
-                         spill_truncated=False)
+_EMPTY = CollectedOutput(
+    text="", truncated=False, spill_path=None, total_bytes=0, spill_truncated=False
+)
 
 
 class LocalShellExecutor(ShellExecutor):
     """Runs each command as a fresh non-login ``bash -c`` with the harness's privileges."""
 
-    sandbox_mode = None
+    sandbox_mode: SandboxMode | None = None
 
     def __init__(
         self,

@@ -72,7 +72,7 @@ class ShellProcess:
         outcome = proc.outcome()
         if outcome is None:
             return "running"
-        exit_code, signum, _ms, _left, kill_requested, *_ = outcome
+        _exit_code, signum, _ms, _left, kill_requested, *_ = outcome
         return "killed" if kill_requested or signum is not None else "completed"
 
     @property

@@ -14,7 +14,14 @@ from typing import Any
 from . import _core
 from .errors import SANDBOX_UNAVAILABLE, ShellError
 from .local import LocalShellExecutor
-from .types import SANDBOX_MODES, SandboxMode, SandboxPolicy, ShellExecSpec, ShellSandboxInfo
+from .types import (
+    SANDBOX_MODES,
+    SandboxEnforcement,
+    SandboxMode,
+    SandboxPolicy,
+    ShellExecSpec,
+    ShellSandboxInfo,
+)
 
 #: Filesystem-permission signatures that mark a failure as a sandbox denial.
 DENIAL_SIGNATURES = ("Permission denied", "Read-only file system", "Operation not permitted")
@@ -25,7 +32,7 @@ def landlock_abi() -> int:
     return _core.landlock_abi()
 
 
-def enforcement_for(mode: SandboxMode, network: bool = True) -> str | None:
+def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforcement | None:
     """``"full"``/``"partial"`` for a confined mode on this kernel (``"partial"`` when some
     requested feature, or Landlock altogether, is missing); None when nothing is confined."""
     if mode == "danger-full-access":
@@ -40,7 +47,8 @@ class SandboxShellExecutor(LocalShellExecutor):
         if mode not in SANDBOX_MODES:
             raise ShellError("INVALID_REQUEST", f"unknown sandbox mode {mode!r}")
         super().__init__(**config)
-        self.sandbox_mode: SandboxMode = mode
+        self.default_mode: SandboxMode = mode
+        self.sandbox_mode = mode
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy:
         if policy is not None:
@@ -49,7 +57,7 @@ class SandboxShellExecutor(LocalShellExecutor):
             if not os.path.isabs(policy.workspace_root):
                 raise ShellError("INVALID_REQUEST", "workspace_root must be absolute")
             return policy
-        return SandboxPolicy(mode=self.sandbox_mode, workspace_root=self.cwd)
+        return SandboxPolicy(mode=self.default_mode, workspace_root=self.cwd)
 
     def _policy(self, spec: ShellExecSpec) -> SandboxPolicy:
         return spec.sandbox_policy or self._stamp_policy(None)
