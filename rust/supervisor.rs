@@ -354,12 +354,37 @@ impl Service {
             (st.stdin_fd.as_ref(), libc::EPOLLOUT as u32, KIND_STDIN),
             (st.pidfd.as_ref(), libc::EPOLLIN as u32, KIND_EXIT),
         ];
+        let mut registered = Ok(());
         for (fd, events, kind) in registrations {
             if let Some(fd) = fd {
-                epoll_add(epfd, fd.as_raw_fd(), events, (token << 2) | kind)?;
+                registered = epoll_add(epfd, fd.as_raw_fd(), events, (token << 2) | kind);
+                if registered.is_err() {
+                    break;
+                }
             }
         }
         drop(st);
+        if let Err(err) = registered {
+            // Unsupervised, the process could never settle: take it down now, reap it here.
+            lock(&self.shared.live).remove(&token);
+            let _ = signal_group(child.pid, libc::SIGKILL);
+            let mut status = 0;
+            // SAFETY: reaps our own child; `status` is a valid out-pointer.
+            unsafe { libc::waitpid(child.pid, &mut status, 0) };
+            let mut st = lock(&proc.state);
+            for fd in [
+                st.stdout.fd.take(),
+                st.stderr.fd.take(),
+                st.stdin_fd.take(),
+                st.pidfd.take(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                epoll_del(epfd, fd.as_raw_fd());
+            }
+            return Err(CoreError::Io(err));
+        }
         Ok(proc)
     }
 

@@ -155,3 +155,24 @@ def test_partial_utf8_is_held_until_complete(ex: LocalShellExecutor) -> None:
     assert p.read_output().delta == ""
     p.wait_sync(10)
     assert p.read_output().delta == "€"
+
+
+def test_a_failing_done_callback_does_not_stop_the_others(ex: LocalShellExecutor) -> None:
+    seen: list[str] = []
+    done = threading.Event()
+
+    def bad(_proc: ShellProcess) -> None:
+        raise RuntimeError("boom")
+
+    p = start(ex, "sleep 0.2")
+    p.add_done_callback(bad)
+    p.add_done_callback(lambda proc: (seen.append(proc.status), done.set()))
+    assert done.wait(5) and seen == ["completed"]
+    q = start(ex, "sleep 0.1")
+    q.add_done_callback(lambda proc: seen.append("second"))
+    assert q.wait_sync(5)
+    for _ in range(100):
+        if "second" in seen:
+            break
+        time.sleep(0.01)
+    assert "second" in seen

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import tempfile
 import threading
@@ -19,6 +20,8 @@ from collections.abc import Callable, Sequence
 
 from . import _core
 from .errors import DISPOSED, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
+
+_log = logging.getLogger("shellseam")
 
 _STAGE_REASONS = {
     "chdir": "cannot change to the working directory",
@@ -171,7 +174,10 @@ class SubprocessService:
                     self._dispatcher = None
             for batch in batches:
                 for cb in batch:
-                    cb()
+                    try:
+                        cb()
+                    except Exception:  # one bad callback must not stop the others
+                        _log.exception("exception in a ShellProcess done callback")
             if idle and self.disposed:
                 return
 
