@@ -78,9 +78,9 @@ FULL = Config(
     big_output_bytes=GIB,
     big_output_rounds=9,
     big_parent_bytes=2 * GIB,
-    big_parent_rounds=3,
-    parent_spawn_reps=150,
-    parent_fork_reps=20,
+    big_parent_rounds=12,
+    parent_spawn_reps=25,
+    parent_fork_reps=2,
     concurrent_count=1024,
     concurrent_sleep_s=1.0,
     concurrent_rounds=3,
@@ -93,9 +93,9 @@ QUICK = Config(
     big_output_bytes=256 * MIB,
     big_output_rounds=7,
     big_parent_bytes=GIB,
-    big_parent_rounds=1,
-    parent_spawn_reps=100,
-    parent_fork_reps=10,
+    big_parent_rounds=8,
+    parent_spawn_reps=15,
+    parent_fork_reps=1,
     concurrent_count=256,
     concurrent_sleep_s=1.0,
     concurrent_rounds=2,
@@ -109,9 +109,9 @@ TINY = Config(
     big_output_bytes=4 * MIB,
     big_output_rounds=1,
     big_parent_bytes=32 * MIB,
-    big_parent_rounds=1,
-    parent_spawn_reps=5,
-    parent_fork_reps=2,
+    big_parent_rounds=2,
+    parent_spawn_reps=3,
+    parent_fork_reps=1,
     concurrent_count=8,
     concurrent_sleep_s=0.05,
     concurrent_rounds=1,
@@ -158,10 +158,10 @@ def _orders(names: Sequence[str], rounds: int) -> list[list[str]]:
 
 
 def _interleaved(
-    contenders: Mapping[str, Callable[[], float]], rounds: int
+    contenders: Mapping[str, Callable[[], float]], rounds: int, *, warm_up: bool = True
 ) -> dict[str, list[float]]:
     """Runs every contender once per round; each call returns its own duration."""
-    for fn in contenders.values():  # warm-up: imports, the supervisor thread, page cache
+    for fn in contenders.values() if warm_up else ():  # imports, supervisor, page cache
         fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     gc.collect()
@@ -351,11 +351,17 @@ def bench_inflight(h: _Harness, cfg: Config) -> list[Row]:
     spec = h.spec("echo hi")
     argv = ["bash", "-c", "echo hi"]
     n = cfg.inflight_count
+    child_cpu_s: list[float] = []
 
     async def ours() -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         results = await asyncio.gather(*(h.local.run(spec) for _ in range(n)))
         elapsed = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child_cpu_s.append(
+            (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / n
+        )
         for r in results:
             _checked(r, 3)
         return elapsed
@@ -383,6 +389,13 @@ def bench_inflight(h: _Harness, cfg: Config) -> list[Row]:
     )
     ours_tp = n / _median(samples["shellseam"])
     peer_tp = n / _median(samples["asyncio"])
+    # What no harness can beat: the commands' own CPU time (exec, dynamic loading, bash
+    # start-up; supervisor-reaped children count in RUSAGE_CHILDREN too) spread over every
+    # CPU with no harness work at all. When this ceiling is below 1.5x the peer, the
+    # throughput target is out of reach on this machine whatever shellseam does.
+    cpus = len(os.sched_getaffinity(0))
+    per_cmd = _median(child_cpu_s)
+    ceiling = cpus / per_cmd if per_cmd > 0 else math.nan
     return [
         _ratio_row(
             name,
@@ -392,7 +405,16 @@ def bench_inflight(h: _Harness, cfg: Config) -> list[Row]:
             "cmd/s",
             1.5,
             higher_is_better=True,
-        )
+        ),
+        _ratio_row(
+            name,
+            f"ceiling: commands' own CPU on {cpus} CPUs (diagnostic)",
+            ceiling,
+            peer_tp,
+            "cmd/s",
+            None,
+            note=f"{per_cmd * 1e3:.2f} ms CPU per command",
+        ),
     ]
 
 
@@ -459,42 +481,31 @@ def bench_big_output(h: _Harness, cfg: Config) -> list[Row]:
 def bench_big_parent(h: _Harness, cfg: Config) -> list[Row]:
     size = cfg.big_parent_bytes
     name = f"4 spawn latency, {_size_label(size)} parent vs small parent"
+    # Two long-lived children, one small and one holding `size` bytes, take turns: each
+    # round asks both (in alternating order) for a batch of spawns, so the pair is
+    # interleaved like every other benchmark instead of measured minutes apart.
     pooled: dict[str, dict[str, list[float]]] = {"small": {}, "big": {}}
-    for _ in range(cfg.big_parent_rounds):
-        for which, touch in (("small", 0), ("big", size)):
-            out = _child(
-                "spawn",
-                {"touch": touch, "reps": cfg.parent_spawn_reps, "fork_reps": cfg.parent_fork_reps},
-            )
-            for key, values in out["samples"].items():
-                pooled[which].setdefault(key, []).extend(values)
+    with (
+        _ChildServer("spawn", {"touch": 0}) as small,
+        _ChildServer("spawn", {"touch": size}) as big,
+    ):
+        servers = {"small": small, "big": big}
+        order = ["small", "big"]
+        for i in range(cfg.big_parent_rounds):
+            for which in order if i % 2 == 0 else order[::-1]:
+                request = {"reps": cfg.parent_spawn_reps, "fork_reps": cfg.parent_fork_reps}
+                for key, values in servers[which].ask(request).items():
+                    pooled[which].setdefault(key, []).extend(values)
 
-    def ms(which: str, key: str) -> float:
-        return _median(pooled[which][key]) * 1e3
+    def row(metric: str, key: str, target: float | None) -> Row:
+        big_ms, small_ms = (_median(pooled[w][key]) * 1e3 for w in ("big", "small"))
+        return _ratio_row(name, metric, big_ms, small_ms, "ms", target)
 
     return [
-        _ratio_row(
-            name, "run_sync(`true`)", ms("big", "shellseam"), ms("small", "shellseam"), "ms", 1.2
-        ),
-        _ratio_row(
-            name,
-            "subprocess.run (contrast)",
-            ms("big", "subprocess"),
-            ms("small", "subprocess"),
-            "ms",
-            None,
-        ),
-        _ratio_row(
-            name,
-            "posix_spawn floor (contrast)",
-            ms("big", "floor"),
-            ms("small", "floor"),
-            "ms",
-            None,
-        ),
-        _ratio_row(
-            name, "os.fork+execve (contrast)", ms("big", "fork"), ms("small", "fork"), "ms", None
-        ),
+        row("run_sync(`true`)", "shellseam", 1.2),
+        row("subprocess.run (contrast)", "subprocess", None),
+        row("posix_spawn floor (contrast)", "floor", None),
+        row("os.fork+execve (contrast)", "fork", None),
     ]
 
 
@@ -639,22 +650,59 @@ def bench_sandbox(h: _Harness, cfg: Config) -> list[Row]:
 # -- child processes ------------------------------------------------------------------------
 
 
-def _child(kind: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Runs one measurement in a fresh interpreter and returns its JSON report."""
+def _child_argv(kind: str, args: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(shellseam.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "shellseam.bench", "--child", kind, json.dumps(args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return [sys.executable, "-m", "shellseam.bench", "--child", kind, json.dumps(args)], env
+
+
+def _child(kind: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs one measurement in a fresh interpreter and returns its JSON report."""
+    argv, env = _child_argv(kind, args)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"bench child {kind} failed ({proc.returncode}): {proc.stderr}")
     report: dict[str, Any] = json.loads(proc.stdout)
     return report
+
+
+class _ChildServer:
+    """A fresh interpreter that answers JSON requests, one line each, until stdin closes."""
+
+    def __init__(self, kind: str, args: Mapping[str, Any]) -> None:
+        argv, env = _child_argv(kind, args)
+        self._proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self._kind = kind
+        self._reply()  # the child says it is ready once set up (memory touched, warmed up)
+
+    def ask(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        return self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench child {self._kind} exited ({self._proc.wait()})")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def __enter__(self) -> _ChildServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 def _proc_status_kib(field: str) -> int:
@@ -717,30 +765,31 @@ def _fork_exec(env: Mapping[bytes, bytes]) -> int:
 
 
 def _child_spawn(args: Mapping[str, Any]) -> dict[str, Any]:
-    """Spawn latencies of this process after it touched ``touch`` bytes."""
+    """Serves batches of spawn latencies from a process that touched ``touch`` bytes."""
     heap = _touch(int(args["touch"]))
     h = _Harness()
     spec = h.spec("true")
+    contenders: dict[str, Callable[[], float]] = {
+        "shellseam": _timed(lambda: _checked(h.local.run_sync(spec))),
+        "subprocess": _timed(
+            lambda: subprocess.run(TRUE_ARGV, env=h.env, capture_output=True, check=True)
+        ),
+        "floor": _timed(lambda: _spawn_wait(BASH, TRUE_ARGV, h.env)),
+    }
+    fork = {"fork": _timed(lambda: _fork_exec(h.env))}
     try:
-        samples = _interleaved(
-            {
-                "shellseam": _timed(lambda: _checked(h.local.run_sync(spec))),
-                "subprocess": _timed(
-                    lambda: subprocess.run(TRUE_ARGV, env=h.env, capture_output=True, check=True)
-                ),
-                "floor": _timed(lambda: _spawn_wait(BASH, TRUE_ARGV, h.env)),
-            },
-            int(args["reps"]),
-        )
-        fork_reps = int(args["fork_reps"])
-        samples["fork"] = list(
-            _interleaved({"fork": _timed(lambda: _fork_exec(h.env))}, fork_reps)["fork"]
-        )
+        for fn in contenders.values():
+            fn()
+        print(json.dumps({"ready": True, "rss_kib": _proc_status_kib("VmRSS")}), flush=True)
+        for line in sys.stdin:
+            request = json.loads(line)
+            samples = _interleaved(contenders, int(request["reps"]), warm_up=False)
+            samples.update(_interleaved(fork, int(request["fork_reps"]), warm_up=False))
+            print(json.dumps(samples), flush=True)
     finally:
         h.close()
-    rss_kib = _proc_status_kib("VmRSS")
     del heap
-    return {"samples": samples, "rss_kib": rss_kib}
+    return {"done": True}
 
 
 _CHILDREN: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
@@ -792,8 +841,8 @@ def run(
 def _fmt(value: float | None, unit: str) -> str:
     if value is None or math.isnan(value):
         return "-"
-    if unit == "x":
-        return f"{value:.2f}x"
+    if unit == "x":  # three digits: 1.083x must not print as a passing-looking 1.08x
+        return f"{value:.3f}x"
     if unit in ("threads",):
         return f"{value:.0f} {unit}"
     digits = 3 if abs(value) < 10 else (1 if abs(value) < 1000 else 0)
