@@ -25,6 +25,7 @@ from typing import Any
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 
 from minisweagent.environments.local import LocalEnvironment
+
 from shellseam.integrations.minisweagent import ShellseamEnvironment
 
 COMMANDS = ("true", "seq 1 100000")

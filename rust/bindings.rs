@@ -11,10 +11,10 @@ use std::time::Duration;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::collector::{Collected, Collector as CoreCollector, Delta};
-use crate::env::{build_env as core_build_env, EnvLayers, EnvPair};
+use crate::env::{EnvPair, EnvPolicy};
 use crate::errors::CoreError;
 use crate::landlock;
 use crate::spawn::SpawnPlan;
@@ -197,6 +197,20 @@ impl Proc {
         })
     }
 
+    /// (outcome, stdout collected, stderr collected) in one call, or None while running.
+    #[allow(clippy::type_complexity)]
+    fn result(
+        &self,
+    ) -> Option<(
+        (Option<i32>, Option<i32>, f64, u32, bool, f64, f64, i64),
+        CollectedTuple,
+        CollectedTuple,
+    )> {
+        let outcome = self.outcome()?;
+        let (out, err) = self.collected();
+        Some((outcome, out, err))
+    }
+
     /// ((text, truncated, spill_path, total_bytes, spill_truncated) for stdout, then stderr).
     fn collected(&self) -> (CollectedTuple, CollectedTuple) {
         let (out, err) = self.inner.collected();
@@ -236,8 +250,10 @@ impl Collector {
         collector.push(chunk, &mut open);
     }
 
+    /// The stream so far (buffered spill bytes are written out first).
     fn collected(&self) -> CollectedTuple {
-        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        guard.0.flush();
         collected_tuple(guard.0.collected())
     }
 
@@ -345,7 +361,7 @@ impl Supervisor {
         program: Vec<u8>,
         argv: Vec<Vec<u8>>,
         cwd: Vec<u8>,
-        env: Vec<(Vec<u8>, Vec<u8>)>,
+        env: &Env,
         stdin: Vec<u8>,
         stdout_cap: usize,
         stderr_cap: usize,
@@ -357,21 +373,10 @@ impl Supervisor {
             .into_iter()
             .map(|a| cstring(a, "an argument"))
             .collect::<PyResult<Vec<_>>>()?;
-        let envp = env
-            .into_iter()
-            .map(|(mut k, v)| {
-                if k.is_empty() || k.contains(&b'=') {
-                    return Err(PyValueError::new_err("invalid environment variable name"));
-                }
-                k.push(b'=');
-                k.extend_from_slice(&v);
-                cstring(k, "the environment")
-            })
-            .collect::<PyResult<Vec<_>>>()?;
         let plan = SpawnPlan {
             program: cstring(program, "the program path")?,
             argv,
-            envp,
+            envp: Arc::clone(&env.envp),
             cwd: cstring(cwd, "the working directory")?,
             landlock_ruleset: ruleset.map(|r| r.fd.as_raw_fd()),
         };
@@ -407,29 +412,134 @@ impl Supervisor {
     }
 }
 
-/// The child environment: `base` minus scrubbed and managed names, then `terminal`,
-/// `extra` (managed-prefix names ignored) and `managed`, later layers winning.
-#[pyfunction]
-fn build_env<'py>(
-    py: Python<'py>,
-    base: Vec<EnvPair>,
-    scrub_patterns: Vec<String>,
-    managed_prefix: String,
-    terminal: Vec<EnvPair>,
-    extra: Vec<EnvPair>,
-    managed: Vec<EnvPair>,
-) -> Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    core_build_env(&EnvLayers {
-        base: &base,
-        scrub_patterns: &scrub_patterns,
-        managed_prefix: &managed_prefix,
-        terminal: &terminal,
-        extra: &extra,
-        managed: &managed,
-    })
-    .into_iter()
-    .map(|(k, v)| (PyBytes::new(py, &k), PyBytes::new(py, &v)))
-    .collect()
+fn envp_from_pairs(pairs: Vec<EnvPair>) -> PyResult<Vec<CString>> {
+    pairs
+        .into_iter()
+        .map(|(mut k, v)| {
+            if k.is_empty() || k.contains(&b'=') {
+                return Err(PyValueError::new_err("invalid environment variable name"));
+            }
+            k.push(b'=');
+            k.extend_from_slice(&v);
+            cstring(k, "the environment")
+        })
+        .collect()
+}
+
+/// A prepared child environment (C strings ready for execve).
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Env {
+    envp: Arc<Vec<CString>>,
+}
+
+#[pymethods]
+impl Env {
+    /// An environment of exactly these entries.
+    #[staticmethod]
+    fn from_pairs(pairs: Vec<EnvPair>) -> PyResult<Self> {
+        Ok(Self {
+            envp: Arc::new(envp_from_pairs(pairs)?),
+        })
+    }
+
+    /// The entries as (name, value) pairs, in order.
+    fn pairs<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        self.envp
+            .iter()
+            .map(|entry| {
+                let bytes = entry.as_bytes();
+                let eq = bytes.iter().position(|&b| b == b'=').unwrap_or(bytes.len());
+                let value = bytes.get(eq + 1..).unwrap_or(&[]);
+                (PyBytes::new(py, &bytes[..eq]), PyBytes::new(py, value))
+            })
+            .collect()
+    }
+}
+
+/// An executor's environment rules (see `env.rs`), with the filtered inherited layer
+/// cached until the harness's environment changes.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct EnvBuilder {
+    policy: EnvPolicy,
+    cache: std::sync::Mutex<EnvCache>,
+}
+
+/// The last inherited environment seen, its filtered layer, and the complete environment
+/// of a call without caller layers (the common case), all valid while `snapshot` is.
+#[derive(Default)]
+struct EnvCache {
+    snapshot: Vec<EnvPair>,
+    kept: Vec<EnvPair>,
+    plain: Option<Arc<Vec<CString>>>,
+}
+
+#[pymethods]
+impl EnvBuilder {
+    #[new]
+    fn new(
+        scrub_patterns: Vec<String>,
+        managed_prefix: String,
+        drop_names: Vec<Vec<u8>>,
+        terminal: Vec<EnvPair>,
+    ) -> Self {
+        Self {
+            policy: EnvPolicy::new(&scrub_patterns, &managed_prefix, drop_names, terminal),
+            cache: std::sync::Mutex::new(EnvCache::default()),
+        }
+    }
+
+    /// The child environment for one call: `base` (the harness's bytes environment, e.g.
+    /// `posix.environ`) filtered by the rules, then terminal, `extra` and `managed`.
+    #[pyo3(signature = (base, extra=None, managed=None))]
+    fn build(
+        &self,
+        base: &Bound<'_, PyDict>,
+        extra: Option<Vec<EnvPair>>,
+        managed: Option<Vec<EnvPair>>,
+    ) -> PyResult<Env> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut same = cache.snapshot.len() == base.len();
+        if same {
+            for ((k, v), (sk, sv)) in base.iter().zip(cache.snapshot.iter()) {
+                if k.extract::<&[u8]>()? != sk.as_slice() || v.extract::<&[u8]>()? != sv.as_slice()
+                {
+                    same = false;
+                    break;
+                }
+            }
+        }
+        if !same {
+            let snapshot = base
+                .iter()
+                .map(|(k, v)| Ok((k.extract::<Vec<u8>>()?, v.extract::<Vec<u8>>()?)))
+                .collect::<PyResult<Vec<EnvPair>>>()?;
+            let kept = self.policy.kept_base(&snapshot);
+            *cache = EnvCache {
+                snapshot,
+                kept,
+                plain: None,
+            };
+        }
+        let extra = extra.unwrap_or_default();
+        let managed = managed.unwrap_or_default();
+        let plain = extra.is_empty() && managed.is_empty();
+        if plain {
+            if let Some(envp) = &cache.plain {
+                return Ok(Env {
+                    envp: Arc::clone(envp),
+                });
+            }
+        }
+        let envp = Arc::new(envp_from_pairs(self.policy.merge(
+            &cache.kept,
+            &extra,
+            &managed,
+        ))?);
+        if plain {
+            cache.plain = Some(Arc::clone(&envp));
+        }
+        Ok(Env { envp })
+    }
 }
 
 #[pymodule]
@@ -440,7 +550,8 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Notifier>()?;
     m.add_class::<Ruleset>()?;
     m.add_class::<Collector>()?;
-    m.add_function(wrap_pyfunction!(build_env, m)?)?;
+    m.add_class::<Env>()?;
+    m.add_class::<EnvBuilder>()?;
     m.add_function(wrap_pyfunction!(build_ruleset, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_missing, m)?)?;

@@ -12,6 +12,9 @@ use std::path::PathBuf;
 
 use crate::utf8;
 
+/// Spill bytes are buffered up to this size before one file write.
+const SPILL_BATCH_BYTES: usize = 256 * 1024;
+
 /// Opens a fresh spill file on demand.
 pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(File, PathBuf)>;
 
@@ -22,6 +25,7 @@ pub struct Collector {
     buf: Vec<u8>,
     total: u64,
     spill_file: Option<File>,
+    spill_pending: Vec<u8>,
     spill_path: Option<PathBuf>,
     spill_written: u64,
     spill_truncated: bool,
@@ -55,6 +59,7 @@ impl Collector {
             buf: Vec::new(),
             total: 0,
             spill_file: None,
+            spill_pending: Vec::new(),
             spill_path: None,
             spill_written: 0,
             spill_truncated: false,
@@ -118,25 +123,43 @@ impl Collector {
     }
 
     fn write_spill(&mut self, bytes: &[u8]) {
-        let Some(file) = self.spill_file.as_mut() else {
+        if self.spill_file.is_none() {
             return;
-        };
+        }
         let room = self.spill_cap.saturating_sub(self.spill_written);
         let take = (bytes.len() as u64).min(room) as usize;
         if take < bytes.len() {
             self.spill_truncated = true;
         }
-        if take > 0 {
-            if file.write_all(&bytes[..take]).is_err() {
-                // A full disk: the file keeps the head it got; say so instead of lying.
-                self.spill_truncated = true;
-                self.spill_file = None;
-                return;
-            }
-            self.spill_written += take as u64;
+        // Small pipe reads are batched into large file writes: fewer syscalls on the
+        // supervisor thread while a producer streams at full speed.
+        self.spill_pending.extend_from_slice(&bytes[..take]);
+        self.spill_written += take as u64;
+        if self.spill_pending.len() >= SPILL_BATCH_BYTES || self.spill_truncated {
+            self.flush();
         }
         if self.spill_truncated {
             self.spill_file = None;
+        }
+    }
+
+    /// Writes buffered spill bytes to the file (the file is complete after this).
+    pub fn flush(&mut self) {
+        if self.spill_pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.spill_pending);
+        if let Some(file) = self.spill_file.as_mut() {
+            if file.write_all(&pending).is_err() {
+                // A full disk: the file keeps the head it got; say so instead of lying.
+                self.spill_truncated = true;
+                self.spill_file = None;
+            }
+        }
+        self.spill_pending = pending;
+        self.spill_pending.clear();
+        if self.spill_pending.capacity() > SPILL_BATCH_BYTES * 2 {
+            self.spill_pending = Vec::new();
         }
     }
 
@@ -246,6 +269,7 @@ mod tests {
                 c.push(b"0123456789", &mut open);
             }
         }
+        c.flush();
         let got = c.collected();
         assert!(got.spill_truncated);
         let path = got.spill_path.unwrap();

@@ -116,45 +116,112 @@ impl EnvMap {
     }
 }
 
-/// The layers of one child environment, applied in this order.
-pub struct EnvLayers<'a> {
-    /// The harness's environment at spawn time.
-    pub base: &'a [EnvPair],
-    /// Names matching any of these (case-insensitive) are removed from `base`.
-    pub scrub_patterns: &'a [String],
-    /// Every `base` name with this prefix is removed; caller `extra` names with it are ignored.
-    pub managed_prefix: &'a str,
-    /// Terminal settings for a model-readable result (NO_COLOR, TERM=dumb, ...).
-    pub terminal: &'a [EnvPair],
-    /// The caller's ordinary extra env (wins over everything above).
-    pub extra: &'a [EnvPair],
-    /// Managed (`DSH_*`) facts, merged last.
-    pub managed: &'a [EnvPair],
+/// A compiled scrub pattern: `*LITERAL*` (the common shape) is a substring test, anything
+/// else goes through the glob matcher. Patterns are upper-cased once, up front.
+enum Pattern {
+    Contains(String),
+    Glob(String),
 }
 
-pub fn build_env(layers: &EnvLayers<'_>) -> Vec<EnvPair> {
-    let mut env = EnvMap::default();
-    let prefix = layers.managed_prefix.as_bytes();
-    for (k, v) in layers.base {
-        let name = String::from_utf8_lossy(k);
-        let scrubbed = layers.scrub_patterns.iter().any(|p| glob_match(p, &name));
-        let managed = !prefix.is_empty() && k.starts_with(prefix);
-        if !scrubbed && !managed {
-            env.set(k, v);
+impl Pattern {
+    fn new(pattern: &str) -> Self {
+        let upper = pattern.to_uppercase();
+        let inner = upper
+            .strip_prefix('*')
+            .and_then(|rest| rest.strip_suffix('*'));
+        match inner {
+            Some(lit) if !lit.is_empty() && !lit.contains(['*', '?', '[']) => {
+                Self::Contains(lit.to_string())
+            }
+            _ => Self::Glob(upper),
         }
     }
-    for (k, v) in layers.terminal {
-        env.set(k, v);
-    }
-    for (k, v) in layers.extra {
-        if prefix.is_empty() || !k.starts_with(prefix) {
-            env.set(k, v);
+
+    /// `name` must already be upper-cased.
+    fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::Contains(lit) => name.contains(lit.as_str()),
+            Self::Glob(glob) => {
+                let p: Vec<char> = glob.chars().collect();
+                let n: Vec<char> = name.chars().collect();
+                match_from(&p, &n)
+            }
         }
     }
-    for (k, v) in layers.managed {
-        env.set(k, v);
+}
+
+/// An executor's fixed environment rules; `build` applies them to one call's layers:
+/// the harness's environment minus scrubbed, dropped and managed-prefix names, then the
+/// terminal settings, then the caller's `extra` (managed-prefix names ignored), then the
+/// managed facts last. Later layers win.
+pub struct EnvPolicy {
+    patterns: Vec<Pattern>,
+    prefix: Vec<u8>,
+    drop_names: Vec<Vec<u8>>,
+    terminal: Vec<EnvPair>,
+}
+
+impl EnvPolicy {
+    pub fn new(
+        scrub_patterns: &[String],
+        managed_prefix: &str,
+        drop_names: Vec<Vec<u8>>,
+        terminal: Vec<EnvPair>,
+    ) -> Self {
+        Self {
+            patterns: scrub_patterns.iter().map(|p| Pattern::new(p)).collect(),
+            prefix: managed_prefix.as_bytes().to_vec(),
+            drop_names,
+            terminal,
+        }
     }
-    env.into_vec()
+
+    fn is_managed(&self, name: &[u8]) -> bool {
+        !self.prefix.is_empty() && name.starts_with(&self.prefix)
+    }
+
+    /// Whether an inherited variable reaches the child.
+    pub fn keeps(&self, name: &[u8]) -> bool {
+        if self.is_managed(name) || self.drop_names.iter().any(|d| d == name) {
+            return false;
+        }
+        let upper = String::from_utf8_lossy(name).to_uppercase();
+        !self.patterns.iter().any(|p| p.matches(&upper))
+    }
+
+    /// The inherited layer: `base` without the names this policy removes.
+    pub fn kept_base(&self, base: &[EnvPair]) -> Vec<EnvPair> {
+        base.iter()
+            .filter(|(k, _)| self.keeps(k))
+            .cloned()
+            .collect()
+    }
+
+    /// The complete environment from an already filtered inherited layer.
+    pub fn merge(
+        &self,
+        kept_base: &[EnvPair],
+        extra: &[EnvPair],
+        managed: &[EnvPair],
+    ) -> Vec<EnvPair> {
+        let mut env = EnvMap::default();
+        for (k, v) in kept_base.iter().chain(&self.terminal) {
+            env.set(k, v);
+        }
+        for (k, v) in extra {
+            if !self.is_managed(k) {
+                env.set(k, v);
+            }
+        }
+        for (k, v) in managed {
+            env.set(k, v);
+        }
+        env.into_vec()
+    }
+
+    pub fn build(&self, base: &[EnvPair], extra: &[EnvPair], managed: &[EnvPair]) -> Vec<EnvPair> {
+        self.merge(&self.kept_base(base), extra, managed)
+    }
 }
 
 #[cfg(test)]
@@ -186,18 +253,18 @@ mod tests {
             ("API_KEY", "secret"),
             ("DSH_HOME", "stale"),
         ]);
-        let patterns = vec!["*KEY*".to_string()];
-        let terminal = pairs(&[("TERM", "dumb")]);
+        let policy = EnvPolicy::new(
+            &["*KEY*".to_string(), "BASH_E?V".to_string()],
+            "DSH_",
+            vec![b"ENV".to_vec()],
+            pairs(&[("TERM", "dumb")]),
+        );
         let extra = pairs(&[("API_KEY", "mine"), ("DSH_SESSION_ID", "forged")]);
         let managed = pairs(&[("DSH_HOME", "/h")]);
-        let env = build_env(&EnvLayers {
-            base: &base,
-            scrub_patterns: &patterns,
-            managed_prefix: "DSH_",
-            terminal: &terminal,
-            extra: &extra,
-            managed: &managed,
-        });
+        let mut base = base;
+        base.push((b"BASH_ENV".to_vec(), b"rc".to_vec()));
+        base.push((b"ENV".to_vec(), b"rc".to_vec()));
+        let env = policy.build(&base, &extra, &managed);
         assert_eq!(
             env,
             pairs(&[

@@ -20,7 +20,8 @@ const CHILD_STACK_BYTES: usize = 64 * 1024;
 pub struct SpawnPlan {
     pub program: CString,
     pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
+    /// `NAME=value` entries, shared so that a cached environment is not copied per spawn.
+    pub envp: std::sync::Arc<Vec<CString>>,
     pub cwd: CString,
     /// Landlock ruleset fd to enforce in the child before exec (see `landlock.rs`); the
     /// caller keeps it open for the duration of the call.

@@ -34,7 +34,9 @@ const KIND_STDIN: u64 = 2;
 const KIND_EXIT: u64 = 3;
 const READ_CHUNK: usize = 1 << 20;
 const DEFAULT_PIPE_BYTES: usize = 1 << 16;
-const LARGE_PIPE_BYTES: libc::c_int = 1 << 20;
+/// Pipe size for a stream that filled the default one. Larger pipes measured slower here:
+/// the producer's writes touch more cache for no fewer wake-ups.
+const LARGE_PIPE_BYTES: libc::c_int = 256 * 1024;
 /// How often the group of a process in its Reaping phase is polled (no event exists for
 /// the exit of a process that is not our child).
 const REAP_POLL: Duration = Duration::from_millis(5);
@@ -793,6 +795,8 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     let mut scratch = vec![0u8; 64 * 1024];
     drain_stream(&proc.shared, st, true, &mut scratch, true);
     drain_stream(&proc.shared, st, false, &mut scratch, true);
+    st.stdout.collector.flush();
+    st.stderr.collector.flush();
     if let Some(fd) = st.pidfd.take() {
         epoll_del(proc.shared.epfd.as_raw_fd(), fd.as_raw_fd());
     }
@@ -817,7 +821,7 @@ mod tests {
         SpawnPlan {
             program: c("/bin/bash"),
             argv: vec![c("bash"), c("-c"), c(cmd)],
-            envp: vec![c("PATH=/usr/bin:/bin")],
+            envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
             cwd: c("/"),
             landlock_ruleset: None,
         }

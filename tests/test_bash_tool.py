@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeExecutor, run_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from fakes import FakeExecutor, run_result
 from shellseam import LocalShellExecutor, SubprocessService, parse_exit_status
 from shellseam.abort import AbortController
 from shellseam.env import ManagedEnvContributor, ManagedEnvRegistry

@@ -99,3 +99,18 @@ def test_bash_env_startup_file_is_not_read(ex: LocalShellExecutor, tmp_path: obj
         assert run(ex, "echo body").stdout.text == "body\n"
     finally:
         del os.environ["BASH_ENV"]
+
+
+def test_cached_inherited_layer_follows_every_change(ex: LocalShellExecutor) -> None:
+    os.environ["SHELLSEAM_CACHE"] = "a"
+    try:
+        assert child_env(ex)["SHELLSEAM_CACHE"] == "a"
+        os.environ["SHELLSEAM_CACHE"] = "b"
+        assert child_env(ex)["SHELLSEAM_CACHE"] == "b"
+        del os.environ["SHELLSEAM_CACHE"]
+        assert "SHELLSEAM_CACHE" not in child_env(ex)
+        os.environ["SHELLSEAM_NEW_TOKEN"] = "secret"
+        assert "SHELLSEAM_NEW_TOKEN" not in child_env(ex)
+    finally:
+        os.environ.pop("SHELLSEAM_CACHE", None)
+        os.environ.pop("SHELLSEAM_NEW_TOKEN", None)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 import pytest
+
 from shellseam.env import ManagedEnvContributor, ManagedEnvRegistry
 from shellseam.tool.context import ToolContext
 

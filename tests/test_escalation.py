@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fakes import FakeExecutor
 from shellseam import SandboxShellExecutor, SubprocessService, landlock_abi
 from shellseam.abort import AbortController

@@ -27,6 +27,7 @@ import anyio
 import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+
 from shellseam.env import ManagedEnvRegistry
 from shellseam.local import LocalShellExecutor
 from shellseam.mcp_server import run

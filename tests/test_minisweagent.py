@@ -20,12 +20,13 @@ pytest.importorskip(
     "minisweagent", reason="mini-swe-agent is not installed (pip install 'shellseam[minisweagent]')"
 )
 
-import shellseam
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.environments import get_environment
 from minisweagent.environments.local import LocalEnvironment
 from minisweagent.exceptions import Submitted
 from minisweagent.models.test_models import DeterministicModel, make_output
+
+import shellseam
 from shellseam.integrations.minisweagent import ShellseamEnvironment
 
 ENV_CLASSES = [LocalEnvironment, ShellseamEnvironment]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fakes import collected as out
-from fakes import run_result as result
 from hypothesis import given
 from hypothesis import strategies as st
+
+from fakes import collected as out
+from fakes import run_result as result
 from shellseam.render import (
     join_parts,
     parse_exit_status,

@@ -274,3 +274,16 @@ def test_kernel_refusing_the_ruleset_is_a_runner_failure() -> None:
 
 def test_landlock_abi_reports_kernel() -> None:
     assert shellseam._core.landlock_abi() == ABI and ABI >= 1
+
+
+def test_replaced_workspace_gets_a_fresh_ruleset(
+    dirs: dict[str, str], service: SubprocessService
+) -> None:
+    ex = make("workspace-write", dirs["ws"], service)
+    assert ok(ex, "echo 1 > a")
+    shutil.rmtree(dirs["ws"])
+    os.mkdir(dirs["ws"])  # same path, new inode: a cached rule would deny (or be stale)
+    assert ok(ex, "echo 2 > b")
+    os.rename(dirs["ws"], dirs["ws"] + ".old")
+    os.rename(dirs["outside"], dirs["ws"])  # the path now names the old 'outside' dir
+    assert ok(ex, "echo 3 > c")

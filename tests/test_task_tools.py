@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from fakes import FakeExecutor, FakeProcess
 from shellseam import LocalShellExecutor, SubprocessService
 from shellseam.abort import AbortController

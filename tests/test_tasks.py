@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from fakes import FakeProcess
 from shellseam.tasks import TaskInfo, TaskNotFound, TaskRead, TaskRuntime
 

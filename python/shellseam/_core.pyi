@@ -6,19 +6,19 @@ from typing import final
 __all__ = [
     "Collector",
     "DisposedError",
+    "Env",
+    "EnvBuilder",
     "Notifier",
     "Proc",
     "Ruleset",
     "SandboxError",
     "SpawnError",
     "Supervisor",
-    "build_env",
     "build_ruleset",
     "landlock_abi",
     "landlock_fs_rights",
     "landlock_missing",
 ]
-
 
 _Collected = tuple[str, bool, str | None, int, bool]
 _Delta = tuple[str, bool, str | None]
@@ -37,6 +37,27 @@ class Notifier:
     def take(self) -> list[int]: ...
     def wait(self, timeout: float | None = None) -> list[int]: ...
 
+_Pairs = list[tuple[bytes, bytes]]
+
+@final
+class Env:
+    @staticmethod
+    def from_pairs(pairs: _Pairs) -> Env: ...
+    def pairs(self) -> _Pairs: ...
+
+@final
+class EnvBuilder:
+    def __new__(
+        cls,
+        scrub_patterns: list[str],
+        managed_prefix: str,
+        drop_names: list[bytes],
+        terminal: _Pairs,
+    ) -> EnvBuilder: ...
+    def build(
+        self, base: dict[bytes, bytes], extra: _Pairs | None = None, managed: _Pairs | None = None
+    ) -> Env: ...
+
 @final
 class Proc:
     @property
@@ -49,6 +70,7 @@ class Proc:
     def wait(self, timeout: float | None = None) -> bool: ...
     def subscribe(self, notifier: Notifier) -> None: ...
     def outcome(self) -> _Outcome | None: ...
+    def result(self) -> tuple[_Outcome, _Collected, _Collected] | None: ...
     def collected(self) -> tuple[_Collected, _Collected]: ...
     def read(self) -> tuple[_Delta, _Delta]: ...
 
@@ -84,7 +106,7 @@ class Supervisor:
         program: bytes,
         argv: list[bytes],
         cwd: bytes,
-        env: list[tuple[bytes, bytes]],
+        env: Env,
         stdin: bytes,
         stdout_cap: int,
         stderr_cap: int,
@@ -95,14 +117,6 @@ class Supervisor:
     def begin_dispose(self) -> list[Proc]: ...
     def dispose(self, keep_spill: bool = False) -> None: ...
 
-def build_env(
-    base: list[tuple[bytes, bytes]],
-    scrub_patterns: list[str],
-    managed_prefix: str,
-    terminal: list[tuple[bytes, bytes]],
-    extra: list[tuple[bytes, bytes]],
-    managed: list[tuple[bytes, bytes]],
-) -> list[tuple[bytes, bytes]]: ...
 def build_ruleset(writable_roots: list[str], network: bool) -> Ruleset: ...
 def landlock_abi() -> int: ...
 def landlock_missing(network: bool) -> list[str]: ...

@@ -291,7 +291,7 @@ def bench_sequential(h: _Harness, cfg: Config) -> list[Row]:
     # The native core alone, without the Python layer (env building, result objects): tells
     # which side of the binding an overhead over the floor lives on.
     core = shellseam._core.Supervisor(tempfile.gettempdir())
-    env_pairs = list(h.env.items())
+    env_block = shellseam._core.Env.from_pairs(list(h.env.items()))
     cwd = os.fsencode(spec.workdir)
     argv = [a.encode() for a in TRUE_ARGV]
 
@@ -300,7 +300,7 @@ def bench_sequential(h: _Harness, cfg: Config) -> list[Row]:
             program=BASH.encode(),
             argv=argv,
             cwd=cwd,
-            env=env_pairs,
+            env=env_block,
             stdin=b"",
             stdout_cap=spec.stdout_max_bytes,
             stderr_cap=h.local.max_output_bytes,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posix
 import shutil
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -41,7 +41,7 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 )
 
 #: Ambient variables that would make a non-interactive bash read a startup file.
-_STARTUP_FILE_VARS = frozenset({b"BASH_ENV", b"ENV"})
+_STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
 Cause = Literal["timeout", "abort"]
 
@@ -94,9 +94,7 @@ def _check_env(env: Mapping[str, str] | None, name: str) -> None:
             raise _invalid(f"{name} has an invalid entry {key!r}")
 
 
-def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]] | None) -> list[tuple[bytes, bytes]]:
-    if env is None:
-        return []
+def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     items = env.items() if isinstance(env, Mapping) else env
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
 
@@ -147,6 +145,9 @@ class LocalShellExecutor(ShellExecutor):
         self.scrub_patterns = tuple(scrub_patterns)
         self.managed_prefix = managed_prefix
         self._service = service
+        self._env = _core.EnvBuilder(
+            list(self.scrub_patterns), managed_prefix, _STARTUP_FILE_VARS, _pairs(TERMINAL_ENV)
+        )
 
     @property
     def service(self) -> SubprocessService:
@@ -207,17 +208,18 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- spawning ----------------------------------------------------------------------
 
-    def child_env(self, spec: ShellExecSpec) -> list[tuple[bytes, bytes]]:
-        """The child's environment, in the SPEC's order (see module docstring)."""
-        base = [(k, v) for k, v in os.environb.items() if k not in _STARTUP_FILE_VARS]
-        return _core.build_env(
-            base,
-            list(self.scrub_patterns),
-            self.managed_prefix,
-            _pairs(TERMINAL_ENV),
-            _pairs(spec.env),
-            _pairs(spec.managed_env),
+    def _child_env(self, spec: ShellExecSpec) -> _core.Env:
+        # posix.environ is the bytes dict behind os.environ (kept current by it); the
+        # builder caches the filtered inherited layer until that dict changes.
+        return self._env.build(
+            posix.environ,
+            _pairs(spec.env) if spec.env else None,
+            _pairs(spec.managed_env) if spec.managed_env else None,
         )
+
+    def child_env(self, spec: ShellExecSpec) -> list[tuple[bytes, bytes]]:
+        """The child's environment for ``spec``, in the SPEC's order (module docstring)."""
+        return self._child_env(spec).pairs()
 
     def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> _core.Proc:
         ruleset = self._ruleset(spec)
@@ -226,7 +228,7 @@ class LocalShellExecutor(ShellExecutor):
             program=_BASH,
             argv=[b"bash", b"-c", spec.command.encode("utf-8", "surrogateescape")],
             cwd=spec.workdir,
-            env=self.child_env(spec),
+            env=self._child_env(spec),
             stdin=stdin,
             stdout_cap=stdout_cap,
             stderr_cap=self.max_output_bytes,
@@ -236,10 +238,9 @@ class LocalShellExecutor(ShellExecutor):
         )
 
     def _result(self, spec: ShellExecSpec, proc: _core.Proc, cause: Cause | None) -> ShellRunResult:
-        outcome = proc.outcome()
-        assert outcome is not None, "a result is built only for a finished process"
-        exit_code, signum, duration_ms, leftover, *_ = outcome
-        out, err = proc.collected()
+        finished = proc.result()
+        assert finished is not None, "a result is built only for a finished process"
+        (exit_code, signum, duration_ms, leftover, *_), out, err = finished
         stderr = _collected(err)
         return ShellRunResult(
             exit_code=exit_code,
@@ -280,10 +281,10 @@ class LocalShellExecutor(ShellExecutor):
 
         remove = spec.signal.add_listener(on_abort) if spec.signal is not None else None
         try:
-            deadline = time.monotonic() + spec.timeout_ms / 1000
-            if not proc.wait(max(0.0, deadline - time.monotonic())) and first.fire("timeout"):
-                proc.kill()
-            proc.wait(None)
+            if not proc.wait(spec.timeout_ms / 1000):
+                if first.fire("timeout"):
+                    proc.kill()
+                proc.wait(None)
         except BaseException:
             # KeyboardInterrupt while waiting: nothing may be left running.
             proc.kill()

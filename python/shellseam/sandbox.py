@@ -9,6 +9,7 @@ closed: ``run`` raises ``ShellError(SANDBOX_UNAVAILABLE)`` and a background star
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from . import _core
@@ -25,6 +26,18 @@ from .types import (
 
 #: Filesystem-permission signatures that mark a failure as a sandbox denial.
 DENIAL_SIGNATURES = ("Permission denied", "Read-only file system", "Operation not permitted")
+
+
+_RULESET_CACHE_SIZE = 64
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a root, None when it does not exist (then it grants nothing)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def landlock_abi() -> int:
@@ -49,6 +62,8 @@ class SandboxShellExecutor(LocalShellExecutor):
         super().__init__(**config)
         self.default_mode: SandboxMode = mode
         self.sandbox_mode = mode
+        self._rulesets: dict[object, _core.Ruleset] = {}
+        self._rulesets_lock = threading.Lock()
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy:
         if policy is not None:
@@ -74,10 +89,22 @@ class SandboxShellExecutor(LocalShellExecutor):
             tmpdir = os.environ.get("TMPDIR")
             if tmpdir:
                 roots.append(tmpdir)
+        # A ruleset fd can be enforced by any number of children: reuse it while the roots
+        # are the same inodes (a replaced directory gets a fresh ruleset, never a stale grant).
+        key = (tuple((root, _identity(root)) for root in roots), policy.network)
+        with self._rulesets_lock:
+            cached = self._rulesets.get(key)
+        if cached is not None:
+            return cached
         try:
-            return _core.build_ruleset(roots, policy.network)
+            ruleset = _core.build_ruleset(roots, policy.network)
         except _core.SandboxError as err:
             raise ShellError(SANDBOX_UNAVAILABLE, str(err)) from None
+        with self._rulesets_lock:
+            if len(self._rulesets) >= _RULESET_CACHE_SIZE:
+                self._rulesets.pop(next(iter(self._rulesets)))
+            self._rulesets[key] = ruleset
+        return ruleset
 
     def _sandbox_info(
         self, spec: ShellExecSpec, exit_code: int | None, stderr_tail: str

@@ -85,7 +85,7 @@ class SubprocessService:
         program: bytes,
         argv: Sequence[bytes],
         cwd: str,
-        env: list[tuple[bytes, bytes]],
+        env: _core.Env,
         stdin: bytes,
         stdout_cap: int,
         stderr_cap: int,
