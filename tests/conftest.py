@@ -29,9 +29,8 @@ def run(executor: LocalShellExecutor, command: str, **fields: object) -> ShellRu
     return executor.run_sync(executor.resolve(ShellExecRequest(command=command, **fields)))  # type: ignore[arg-type]
 
 
-def pids_in_group(pgid: int) -> list[int]:
-    """Live (non-zombie) members of a process group, read from /proc."""
-    found = []
+def proc_stats() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state, ppid, pgrp) of every process, read from /proc/<pid>/stat."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -40,10 +39,14 @@ def pids_in_group(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
+        # The command name may contain spaces and parentheses: split after the last ')'.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
+        yield int(name), fields[0], int(fields[1]), int(fields[2])
+
+
+def pids_in_group(pgid: int) -> list[int]:
+    """Live (non-zombie) members of a process group."""
+    return [pid for pid, state, _, pgrp in proc_stats() if pgrp == pgid and state not in "ZX"]
 
 
 def process_alive(pid: int) -> bool:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 
+from conftest import proc_stats
 from shellseam import AbortController, LocalShellExecutor, ShellExecRequest, SubprocessService
 
 
@@ -15,19 +17,7 @@ def fd_count() -> int:
 
 def own_zombies() -> int:
     me = os.getpid()
-    count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields[0] == "Z" and int(fields[1]) == me:
-            count += 1
-    return count
+    return sum(1 for _, state, ppid, _ in proc_stats() if state == "Z" and ppid == me)
 
 
 def thread_count() -> int:
@@ -38,6 +28,7 @@ def test_thousand_calls_leave_nothing_behind() -> None:
     svc = SubprocessService()
     ex = LocalShellExecutor(service=svc, grace_ms=200, max_output_bytes=100)
     ex.run_sync(ex.resolve(ShellExecRequest(command="true")))  # start the supervisor
+    gc.collect()  # earlier tests' event loops (and their eventfds) must not skew the count
     fds, threads = fd_count(), thread_count()
 
     async def batch() -> None:
@@ -70,6 +61,7 @@ def test_thousand_calls_leave_nothing_behind() -> None:
         p.kill()
         p.wait_sync(10)
     assert svc.running == 0
+    gc.collect()
     assert own_zombies() == 0
     assert fd_count() == fds
     assert thread_count() == threads

@@ -13,10 +13,11 @@ import os
 import posix
 import shutil
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from . import _core
+from .abort import AbortSignal
 from .errors import INVALID_REQUEST, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
@@ -58,20 +59,36 @@ _BASH = _bash_path()
 
 
 class _FirstCause:
-    """The fused deadline: the first of timeout and abort wins and is the only one kept."""
+    """The fused deadline of one run: the first of timeout and abort kills the process and
+    is the only cause reported; later causes are ignored."""
 
-    __slots__ = ("_lock", "cause")
+    __slots__ = ("_lock", "_proc", "cause")
 
-    def __init__(self) -> None:
+    def __init__(self, proc: _core.Proc) -> None:
         self._lock = threading.Lock()
+        self._proc = proc
         self.cause: Cause | None = None
 
-    def fire(self, cause: Cause) -> bool:
+    def fire(self, cause: Cause) -> None:
         with self._lock:
             if self.cause is not None:
-                return False
+                return
             self.cause = cause
-            return True
+        self._proc.kill()
+
+    def on_timeout(self) -> None:
+        self.fire("timeout")
+
+    def on_abort(self) -> None:
+        self.fire("abort")
+
+    def watch(self, signal: AbortSignal | None) -> Callable[[], None]:
+        """Listens to the caller's signal; returns the remover."""
+        return signal.add_listener(self.on_abort) if signal is not None else _nothing
+
+
+def _nothing() -> None:
+    return None
 
 
 def _invalid(reason: str) -> ShellError:
@@ -273,17 +290,11 @@ class LocalShellExecutor(ShellExecutor):
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        first = _FirstCause()
-
-        def on_abort() -> None:
-            if first.fire("abort"):
-                proc.kill()
-
-        remove = spec.signal.add_listener(on_abort) if spec.signal is not None else None
+        first = _FirstCause(proc)
+        remove = first.watch(spec.signal)
         try:
             if not proc.wait(spec.timeout_ms / 1000):
-                if first.fire("timeout"):
-                    proc.kill()
+                first.on_timeout()
                 proc.wait(None)
         except BaseException:
             # KeyboardInterrupt while waiting: nothing may be left running.
@@ -291,27 +302,16 @@ class LocalShellExecutor(ShellExecutor):
             proc.wait(None)
             raise
         finally:
-            if remove is not None:
-                remove()
+            remove()
         return self._result(spec, proc, first.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        first = _FirstCause()
-
-        def on_abort() -> None:
-            if first.fire("abort"):
-                proc.kill()
-
-        def on_timeout() -> None:
-            if first.fire("timeout"):
-                proc.kill()
-
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(spec.timeout_ms / 1000, on_timeout)
-        remove = spec.signal.add_listener(on_abort) if spec.signal is not None else None
+        first = _FirstCause(proc)
+        timer = asyncio.get_running_loop().call_later(spec.timeout_ms / 1000, first.on_timeout)
+        remove = first.watch(spec.signal)
         service = self.service
         try:
             await service.wait_async(proc)
@@ -325,8 +325,7 @@ class LocalShellExecutor(ShellExecutor):
             raise
         finally:
             timer.cancel()
-            if remove is not None:
-                remove()
+            remove()
         return self._result(spec, proc, first.cause)
 
     # -- background --------------------------------------------------------------------
