@@ -176,3 +176,18 @@ def test_a_failing_done_callback_does_not_stop_the_others(ex: LocalShellExecutor
             break
         time.sleep(0.01)
     assert "second" in seen
+
+
+def test_spill_path_is_given_only_for_the_stream_that_lost_bytes(
+    service: SubprocessService,
+) -> None:
+    ex = LocalShellExecutor(max_output_bytes=1000, service=service)
+    p = start(ex, "seq 1 1000; sleep 0.3; seq 1 1000 >&2")
+    time.sleep(0.15)
+    first = p.read_output()  # 3.9 KB of stdout through a 1000-byte tail: stdout lost bytes
+    assert first.lossy and first.stdout_spill_path is not None
+    assert first.stderr_spill_path is None
+    assert p.wait_sync(10)
+    second = p.read_output()
+    assert second.lossy and second.stderr_spill_path is not None
+    assert second.stdout_spill_path is None  # stdout lost nothing since the last read

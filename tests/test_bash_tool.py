@@ -110,7 +110,7 @@ def test_prompt_section() -> None:
         (ok(timeoutMs="5000"), 'invalid timeoutMs: expected a positive number, got "5000"'),
         (ok(timeoutMs=True), "invalid timeoutMs: expected a positive number, got true"),
         (ok(timeoutMs=[1]), "invalid timeoutMs: expected a positive number, got [1]"),
-        (ok(timeoutMs={"a": 1}), 'invalid timeoutMs: expected a positive number, got {"a": 1}'),
+        (ok(timeoutMs={"a": 1}), 'invalid timeoutMs: expected a positive number, got {"a":1}'),
         (ok(timeoutMs=float("inf")), "invalid timeoutMs: expected a positive number, got Infinity"),
         (ok(workdir=7), "invalid workdir: expected a string"),
         (

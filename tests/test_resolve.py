@@ -64,3 +64,34 @@ def test_invalid_requests(fields: dict[str, object]) -> None:
     with pytest.raises(ShellError) as info:
         resolve(LocalShellExecutor(), **fields)
     assert info.value.code == "INVALID_REQUEST"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"command": "echo \ud800"},
+        {"command": "ls", "workdir": "\udcff"},
+        {"command": "cat", "stdin": "\ud800"},
+        {"command": "ls", "env": {"A": "\ud800"}},
+        {"command": "ls", "managed_env": {"DSH_\ud800": "x"}},
+    ],
+)
+def test_lone_surrogates_are_invalid_requests_not_crashes(fields: dict[str, object]) -> None:
+    # Valid JSON from a model ("\ud800") but not encodable: refused at resolve, clearly.
+    with pytest.raises(ShellError) as info:
+        resolve(LocalShellExecutor(), **fields)
+    assert info.value.code == "INVALID_REQUEST" and "UTF-8" in info.value.reason
+
+
+def test_bash_tool_reports_a_surrogate_command_as_invalid_request(tmp_path: object) -> None:
+    import asyncio
+    import json
+
+    from shellseam import BashTool, ManagedEnvRegistry, ToolContext
+
+    tool = BashTool(
+        LocalShellExecutor(cwd=str(tmp_path)), tasks=None, env=ManagedEnvRegistry(home="/h")
+    )
+    args = json.loads('{"command": "echo \\ud800", "description": "d"}')
+    result = asyncio.run(tool.execute(args, ToolContext("s", str(tmp_path))))
+    assert result.is_error and result.text.startswith("Error: invalid request: command is not")

@@ -282,3 +282,26 @@ def test_gigabyte_of_output_is_bounded(ex: LocalShellExecutor) -> None:
     assert r.stdout.truncated and len(r.stdout.text) == 64_000
     assert r.stdout.spill_path is not None
     assert os.path.getsize(r.stdout.spill_path) == 64 * 2**20 and r.stdout.spill_truncated
+
+
+def test_dispose_keep_spill_argument_overrides_the_service_setting() -> None:
+    svc = SubprocessService()
+    ex = LocalShellExecutor(max_output_bytes=10, service=svc)
+    r = run(ex, "seq 1 100")
+    assert r.stdout.spill_path is not None
+    svc.dispose(keep_spill=True)
+    assert os.path.exists(r.stdout.spill_path)
+    os.unlink(r.stdout.spill_path)
+    os.rmdir(os.path.dirname(r.stdout.spill_path))
+
+
+def test_pre_aborted_call_after_dispose_raises_disposed() -> None:
+    svc = SubprocessService()
+    ex = LocalShellExecutor(service=svc)
+    c = AbortController()
+    c.abort()
+    spec = ex.resolve(ShellExecRequest(command="true", signal=c.signal))
+    svc.dispose()
+    with pytest.raises(ShellError) as info:
+        ex.run_sync(spec)
+    assert info.value.code == "DISPOSED"

@@ -287,3 +287,18 @@ def test_replaced_workspace_gets_a_fresh_ruleset(
     os.rename(dirs["ws"], dirs["ws"] + ".old")
     os.rename(dirs["outside"], dirs["ws"])  # the path now names the old 'outside' dir
     assert ok(ex, "echo 3 > c")
+
+
+def test_tmpdir_is_the_value_at_resolve_time(
+    dirs: dict[str, str], service: SubprocessService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ex = make("workspace-write", dirs["ws"], service)
+    monkeypatch.setenv("TMPDIR", dirs["extra"])
+    spec = ex.resolve(
+        ShellExecRequest(command=f"touch {dirs['extra']}/a; touch {dirs['outside']}/b")
+    )
+    monkeypatch.setenv("TMPDIR", dirs["outside"])
+    r = ex.run_sync(spec)
+    assert os.path.exists(os.path.join(dirs["extra"], "a"))
+    assert not os.path.exists(os.path.join(dirs["outside"], "b"))
+    assert "Permission denied" in r.stderr.text

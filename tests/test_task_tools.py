@@ -204,7 +204,9 @@ def test_task_list_lines() -> None:
     runtime.start("bash", "sess-1", c)
     a.finish(1)
     listed = run(listing, {"ignored": True}).text
-    assert listed == "bash-1  completed  Run the test suite\nbash-3  running"
+    # SPEC §4: "<id>  <status>  <description>", literally (an empty description leaves the
+    # separator).
+    assert listed == "bash-1  completed  Run the test suite\nbash-3  running  "
 
 
 def test_task_kill_texts() -> None:

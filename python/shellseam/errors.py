@@ -25,7 +25,7 @@ class ShellError(Exception):
     code: ShellErrorCode
     reason: str
 
-    def __init__(self, code: ShellErrorCode, reason: str) -> None:
-        super().__init__(f"{code}: {reason}")
+    def __init__(self, code: ShellErrorCode, reason: str = "") -> None:
+        super().__init__(f"{code}: {reason}" if reason else code)
         self.code = code
         self.reason = reason

@@ -18,7 +18,7 @@ from typing import Literal
 
 from . import _core
 from .abort import AbortSignal
-from .errors import INVALID_REQUEST, ShellError
+from .errors import DISPOSED, INVALID_REQUEST, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
 from .service import SubprocessService, default_service
@@ -101,6 +101,15 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
+def _check_text(value: str, name: str) -> None:
+    """Text must be encodable: a lone surrogate (valid JSON, invalid UTF-8) is refused here
+    instead of failing at spawn."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid(f"{name} is not valid UTF-8 (it contains a lone surrogate)") from None
+
+
 def _check_env(env: Mapping[str, str] | None, name: str) -> None:
     if env is None:
         return
@@ -109,6 +118,8 @@ def _check_env(env: Mapping[str, str] | None, name: str) -> None:
             raise _invalid(f"{name} keys and values must be strings")
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise _invalid(f"{name} has an invalid entry {key!r}")
+        _check_text(key, name)
+        _check_text(value, name)
 
 
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -179,11 +190,14 @@ class LocalShellExecutor(ShellExecutor):
             raise _invalid("command must be a non-empty string")
         if "\0" in command:
             raise _invalid("command contains a NUL byte")
+        _check_text(command, "command")
         workdir = request.workdir
         if workdir is None:
             workdir = self.cwd
         elif not isinstance(workdir, str) or not workdir or "\0" in workdir:
             raise _invalid(f"workdir must be a non-empty path, got {workdir!r}")
+        else:
+            _check_text(workdir, "workdir")
         workdir = os.path.abspath(os.path.join(self.cwd, workdir))
         timeout_ms = self.timeout_ms if request.timeout_ms is None else request.timeout_ms
         timeout_ms = min(_positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
@@ -192,6 +206,8 @@ class LocalShellExecutor(ShellExecutor):
         stdout_max = min(_positive_int(stdout_max, "stdout_max_bytes"), self.max_spill_bytes)
         if request.stdin is not None and not isinstance(request.stdin, (str, bytes)):
             raise _invalid("stdin must be str or bytes")
+        if isinstance(request.stdin, str):
+            _check_text(request.stdin, "stdin")
         _check_env(request.env, "env")
         _check_env(request.managed_env, "managed_env")
         return ShellExecSpec(
@@ -240,10 +256,15 @@ class LocalShellExecutor(ShellExecutor):
 
     def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> _core.Proc:
         ruleset = self._ruleset(spec)
-        stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
+        try:
+            stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
+            command = spec.command.encode("utf-8", "surrogateescape")
+            os.fsencode(spec.workdir)
+        except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
+            raise _invalid(f"not encodable as UTF-8: {err.reason}") from None
         return self.service.spawn(
             program=_BASH,
-            argv=[b"bash", b"-c", spec.command.encode("utf-8", "surrogateescape")],
+            argv=[b"bash", b"-c", command],
             cwd=spec.workdir,
             env=self._child_env(spec),
             stdin=stdin,
@@ -273,6 +294,8 @@ class LocalShellExecutor(ShellExecutor):
         )
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
+        if self.service.disposed:
+            raise ShellError(DISPOSED, "the subprocess service has been disposed")
         return ShellRunResult(
             exit_code=None,
             signal=None,

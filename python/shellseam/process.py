@@ -114,8 +114,10 @@ class ShellProcess:
         return ShellProcessRead(
             delta=merge_delta(out, err),
             lossy=out_lossy or err_lossy,
-            stdout_spill_path=out_spill,
-            stderr_spill_path=err_spill,
+            # A path is given for each stream that lost bytes, so that every lossy marker a
+            # reader renders names a stream that really dropped something.
+            stdout_spill_path=out_spill if out_lossy else None,
+            stderr_spill_path=err_spill if err_lossy else None,
         )
 
     # -- control -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .types import (
     SandboxEnforcement,
     SandboxMode,
     SandboxPolicy,
+    ShellExecRequest,
     ShellExecSpec,
     ShellSandboxInfo,
 )
@@ -29,6 +30,7 @@ DENIAL_SIGNATURES = ("Permission denied", "Read-only file system", "Operation no
 
 
 _RULESET_CACHE_SIZE = 64
+_TMPDIR_ATTR = "_shellseam_tmpdir"
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -74,6 +76,13 @@ class SandboxShellExecutor(LocalShellExecutor):
             return policy
         return SandboxPolicy(mode=self.default_mode, workspace_root=self.cwd)
 
+    def resolve(self, request: ShellExecRequest) -> ShellExecSpec:
+        spec = super().resolve(request)
+        # "$TMPDIR" means the harness's value at resolve time: remember it on the spec
+        # (outside its compared fields) for the ruleset built at spawn.
+        object.__setattr__(spec, _TMPDIR_ATTR, os.environ.get("TMPDIR"))
+        return spec
+
     def _policy(self, spec: ShellExecSpec) -> SandboxPolicy:
         return spec.sandbox_policy or self._stamp_policy(None)
 
@@ -86,7 +95,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         roots: list[str] = []
         if policy.mode == "workspace-write":
             roots = [policy.workspace_root, *policy.writable_roots, "/tmp"]
-            tmpdir = os.environ.get("TMPDIR")
+            tmpdir = getattr(spec, _TMPDIR_ATTR, os.environ.get("TMPDIR"))
             if tmpdir:
                 roots.append(tmpdir)
         # A ruleset fd can be enforced by any number of children: reuse it while the roots

@@ -183,20 +183,22 @@ class SubprocessService:
 
     # -- teardown ----------------------------------------------------------------------
 
-    def dispose(self) -> None:
-        """Kills and reaps every process, stops the supervisor, removes spill files."""
-        self._supervisor.dispose(keep_spill=self.keep_spill)
+    def dispose(self, keep_spill: bool | None = None) -> None:
+        """Kills and reaps every process, stops the supervisor, removes spill files (unless
+        ``keep_spill``, which defaults to the service's setting)."""
+        keep = self.keep_spill if keep_spill is None else keep_spill
+        self._supervisor.dispose(keep_spill=keep)
         dispatcher = self._dispatcher
         if self._dispatch_notifier is not None:
             self._dispatch_notifier.wake()
         if dispatcher is not None and dispatcher is not threading.current_thread():
             dispatcher.join()
 
-    async def aclose(self) -> None:
+    async def aclose(self, keep_spill: bool | None = None) -> None:
         """``dispose()`` without blocking the event loop: awaits the kills, then disposes."""
         for proc in self._supervisor.begin_dispose():
             await self.wait_async(proc)
-        self.dispose()
+        self.dispose(keep_spill)
 
 
 _default: SubprocessService | None = None

@@ -183,7 +183,7 @@ class TaskRuntime:
             stderr_spill_path=out.stderr_spill_path,
         )
 
-    async def wait(self, task_id: str, owner: str, timeout_ms: float | None) -> bool:
+    async def wait(self, task_id: str, owner: str, timeout_ms: float | None = None) -> bool:
         """Wait until the task settles or ``timeout_ms`` passes (None: no limit); settled?"""
         task = self._get(task_id, owner)
         if self._observe(task):

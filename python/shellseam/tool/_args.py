@@ -28,7 +28,8 @@ def error_result(message: str) -> ToolResult:
 
 def json_repr(value: object) -> str:
     """``value`` as the model wrote it (JSON), falling back to ``repr`` for non-JSON values."""
-    return json.dumps(value, default=repr)
+    # Compact and unescaped, as JSON.stringify renders it: [1,2], {"a":1}, "é".
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=repr)
 
 
 def non_empty_string(value: Any, message: str) -> str:

@@ -87,7 +87,7 @@ class BashTool:
         self,
         executor: ShellExecutor,
         *,
-        tasks: TaskRuntime | None,
+        tasks: TaskRuntime | None = None,
         env: ManagedEnvRegistry,
         approval: ApprovalService | None = None,
         modes: SandboxModeStore | None = None,

@@ -156,7 +156,7 @@ class TaskListTool(_TaskTool):
 
     async def execute(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         infos = self.runtime.list(ctx.session_id)
-        lines = ["  ".join(filter(None, (i.id, i.status, i.description))) for i in infos]
+        lines = [f"{i.id}  {i.status}  {i.description}" for i in infos]
         return ToolResult(
             "\n".join(lines) if lines else "(no tasks)",
             is_error=False,
