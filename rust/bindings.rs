@@ -44,9 +44,11 @@ create_exception!(
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 fn to_py_err(err: CoreError) -> PyErr {
+    let text = err.to_string();
     match err {
-        CoreError::Disposed => DisposedError::new_err("the subprocess service has been disposed"),
+        CoreError::Disposed => DisposedError::new_err(text),
         CoreError::Invalid(msg) => PyValueError::new_err(msg),
+        CoreError::ForkedChild => SpawnError::new_err(("forked-child", 0, text)),
         CoreError::Spawn(e) => SpawnError::new_err((e.stage.name(), e.errno, e.strerror())),
         CoreError::Io(e) => PyOSError::new_err(e.to_string()),
     }

@@ -87,6 +87,8 @@ impl std::error::Error for SpawnError {}
 #[derive(Debug)]
 pub enum CoreError {
     Disposed,
+    /// The service was created by another process (this one is a forked child).
+    ForkedChild,
     Invalid(String),
     Spawn(SpawnError),
     Io(io::Error),
@@ -96,6 +98,10 @@ impl fmt::Display for CoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Disposed => write!(f, "the subprocess service has been disposed"),
+            Self::ForkedChild => write!(
+                f,
+                "this subprocess service belongs to the parent process; create one after fork"
+            ),
             Self::Invalid(msg) => write!(f, "{msg}"),
             Self::Spawn(err) => write!(f, "{err}"),
             Self::Io(err) => write!(f, "{err}"),

@@ -176,6 +176,9 @@ struct Shared {
     disposed: AtomicBool,
     stop: AtomicBool,
     next_token: AtomicU64,
+    /// The process that created the service. A forked child inherits this memory but not
+    /// the supervisor thread, and its "processes" are its parent's: it must not touch them.
+    owner_pid: libc::pid_t,
 }
 
 /// A subprocess service: the supervisor thread plus every process it owns.
@@ -221,6 +224,12 @@ fn epoll_del(epfd: RawFd, fd: RawFd) {
 }
 
 impl Shared {
+    /// False in a forked child of the process that created the service.
+    fn in_owner(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        unsafe { libc::getpid() == self.owner_pid }
+    }
+
     fn add_timer(&self, at: Instant, token: u64, wake: bool) {
         lock(&self.timers_in).push((at, token));
         if wake {
@@ -259,6 +268,8 @@ impl Service {
                 disposed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 next_token: AtomicU64::new(1),
+                // SAFETY: getpid has no preconditions.
+                owner_pid: unsafe { libc::getpid() },
             }),
             thread: Mutex::new(None),
         })
@@ -293,6 +304,9 @@ impl Service {
     }
 
     pub fn spawn(&self, plan: &SpawnPlan, cfg: ProcConfig) -> Result<Arc<Proc>, CoreError> {
+        if !self.shared.in_owner() {
+            return Err(CoreError::ForkedChild);
+        }
         if self.is_disposed() {
             return Err(CoreError::Disposed);
         }
@@ -394,6 +408,9 @@ impl Service {
     /// that an async caller can await their settlement before `dispose`.
     pub fn begin_dispose(&self) -> Vec<Arc<Proc>> {
         self.shared.disposed.store(true, Ordering::SeqCst);
+        if !self.shared.in_owner() {
+            return Vec::new();
+        }
         let procs: Vec<Arc<Proc>> = lock(&self.shared.live).values().cloned().collect();
         for proc in &procs {
             proc.kill();
@@ -403,6 +420,11 @@ impl Service {
 
     /// Kills (with escalation) and reaps every process, then stops the supervisor thread.
     pub fn dispose(&self, keep_spill: bool) {
+        if !self.shared.in_owner() {
+            // A forked child: the processes, thread and spill files are the parent's.
+            self.shared.disposed.store(true, Ordering::SeqCst);
+            return;
+        }
         let procs = self.begin_dispose();
         for proc in &procs {
             proc.wait(None);
@@ -420,6 +442,9 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
+        if !self.shared.in_owner() {
+            return;
+        }
         if !self.is_disposed() || lock(&self.thread).is_some() {
             self.dispose(false);
         }
@@ -438,6 +463,9 @@ impl Proc {
     /// Requests termination: SIGTERM to the group now, SIGKILL after the grace period.
     /// False when the process already finished or a kill is already under way.
     pub fn kill(&self) -> bool {
+        if !self.shared.in_owner() {
+            return false;
+        }
         let mut st = lock(&self.state);
         if st.phase == Phase::Done || st.kill_requested {
             return false;
@@ -453,6 +481,9 @@ impl Proc {
 
     /// Waits until the process is done; false when `timeout` passed first.
     pub fn wait(&self, timeout: Option<Duration>) -> bool {
+        if !self.shared.in_owner() {
+            return false; // nobody in this process will ever settle it
+        }
         let mut st = lock(&self.state);
         let deadline = timeout.map(|t| Instant::now() + t);
         while st.phase != Phase::Done {

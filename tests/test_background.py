@@ -191,3 +191,38 @@ def test_spill_path_is_given_only_for_the_stream_that_lost_bytes(
     second = p.read_output()
     assert second.lossy and second.stderr_spill_path is not None
     assert second.stdout_spill_path is None  # stdout lost nothing since the last read
+
+
+def test_forked_child_never_touches_the_parents_processes(service: SubprocessService) -> None:
+    import os
+
+    ex = LocalShellExecutor(service=service, grace_ms=300)
+    p = start(ex, "sleep 30")
+    pid = os.fork()
+    if pid == 0:  # the child: the inherited service must refuse, not signal or hang
+        code = 0
+        try:
+            if p.kill() is not False:
+                code = 1
+            failed = start(ex, "true")  # a spawn failure settles the handle as killed
+            if failed.status != "killed" or "forked child" not in failed.read_output().delta:
+                code = 2
+            try:
+                ex.run_sync(ex.resolve(ShellExecRequest(command="true")))
+                code = 3
+            except ShellError as err:
+                if err.code != "SPAWN_FAILED":
+                    code = 3
+            service.dispose()  # must not kill the parent's sleep
+            # The default service is fresh in the child and works.
+            r = LocalShellExecutor().run_sync(
+                LocalShellExecutor().resolve(ShellExecRequest(command="echo child"))
+            )
+            if r.stdout.text != "child\n":
+                code = 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert p.status == "running"
+    assert p.kill() and p.wait_sync(10)

@@ -28,6 +28,7 @@ _STAGE_REASONS = {
     "exec": "cannot execute the shell",
     "pipes": "cannot create pipes",
     "clone": "cannot create a process",
+    "forked-child": "unusable in a forked child",
 }
 
 
@@ -203,6 +204,17 @@ class SubprocessService:
 
 _default: SubprocessService | None = None
 _default_lock = threading.Lock()
+
+
+def _forget_default_after_fork() -> None:
+    # The child inherits the parent's default service but not its supervisor thread; the
+    # next call in the child creates a service of its own.
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_default_after_fork)
 
 
 def default_service() -> SubprocessService:
