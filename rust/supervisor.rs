@@ -362,7 +362,7 @@ impl Service {
         }
         let mut st = lock(&proc.state);
         // Write what fits right away; only a command that does not read yet needs EPOLLOUT.
-        write_stdin(&mut st, self.shared.epfd.as_raw_fd());
+        write_stdin(&mut st, None);
         let epfd = self.shared.epfd.as_raw_fd();
         let registrations = [
             (st.stdout.fd.as_ref(), libc::EPOLLIN as u32, KIND_STDOUT),
@@ -611,7 +611,7 @@ fn supervise(shared: &Arc<Shared>) {
                     let is_out = data & 3 == KIND_STDOUT;
                     drain_stream(shared, &mut st, is_out, &mut scratch, false);
                 }
-                KIND_STDIN => write_stdin(&mut st, epfd),
+                KIND_STDIN => write_stdin(&mut st, Some(epfd)),
                 _ => reap_leader(&proc, &mut st, epfd),
             }
             advance(&proc, &mut st, Instant::now());
@@ -696,7 +696,8 @@ fn drain_stream(
     }
 }
 
-fn write_stdin(st: &mut ProcState, epfd: RawFd) {
+/// Writes pending stdin; closes it when done. `epfd` is None before the fd is registered.
+fn write_stdin(st: &mut ProcState, epfd: Option<RawFd>) {
     let Some(fd) = st.stdin_fd.as_ref().map(|fd| fd.as_raw_fd()) else {
         return;
     };
@@ -720,7 +721,9 @@ fn write_stdin(st: &mut ProcState, epfd: RawFd) {
         }
     }
     if finished || st.stdin_off >= st.stdin_data.len() {
-        epoll_del(epfd, fd);
+        if let Some(epfd) = epfd {
+            epoll_del(epfd, fd);
+        }
         st.stdin_fd = None;
         st.stdin_data = Vec::new();
     }
