@@ -5,9 +5,7 @@ use std::collections::HashMap;
 
 /// Case-insensitive glob match supporting `*`, `?` and `[...]` classes (with `!`/`^`).
 pub fn glob_match(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = pattern.to_uppercase().chars().collect();
-    let n: Vec<char> = name.to_uppercase().chars().collect();
-    match_from(&p, &n)
+    Pattern::new(pattern).matches(&name.to_uppercase())
 }
 
 fn match_from(p: &[char], n: &[char]) -> bool {
@@ -120,7 +118,7 @@ impl EnvMap {
 /// else goes through the glob matcher. Patterns are upper-cased once, up front.
 enum Pattern {
     Contains(String),
-    Glob(String),
+    Glob(Vec<char>),
 }
 
 impl Pattern {
@@ -133,7 +131,7 @@ impl Pattern {
             Some(lit) if !lit.is_empty() && !lit.contains(['*', '?', '[']) => {
                 Self::Contains(lit.to_string())
             }
-            _ => Self::Glob(upper),
+            _ => Self::Glob(upper.chars().collect()),
         }
     }
 
@@ -142,9 +140,8 @@ impl Pattern {
         match self {
             Self::Contains(lit) => name.contains(lit.as_str()),
             Self::Glob(glob) => {
-                let p: Vec<char> = glob.chars().collect();
                 let n: Vec<char> = name.chars().collect();
-                match_from(&p, &n)
+                match_from(glob, &n)
             }
         }
     }

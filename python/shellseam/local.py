@@ -259,7 +259,6 @@ class LocalShellExecutor(ShellExecutor):
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
-            os.fsencode(spec.workdir)
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
             raise _invalid(f"not encodable as UTF-8: {err.reason}") from None
         return self.service.spawn(

@@ -8,6 +8,7 @@ closed: ``run`` raises ``ShellError(SANDBOX_UNAVAILABLE)`` and a background star
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Any
@@ -129,14 +130,9 @@ class SandboxShellExecutor(LocalShellExecutor):
         return ShellSandboxInfo(
             mode=policy.mode,
             denied=denied,
-            enforcement=enforcement_for(policy.mode, policy.network) if confined else None,
+            enforcement=enforcement_for(policy.mode, policy.network),
         )
 
     def _runner_failed_info(self, spec: ShellExecSpec) -> ShellSandboxInfo:
-        policy = self._policy(spec)
-        return ShellSandboxInfo(
-            mode=policy.mode,
-            denied=False,
-            enforcement=enforcement_for(policy.mode, policy.network),
-            runner_failed=True,
-        )
+        # The command never ran: no exit code, so never a denial.
+        return dataclasses.replace(self._sandbox_info(spec, None, ""), runner_failed=True)

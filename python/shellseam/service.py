@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from . import _core
-from .errors import DISPOSED, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
+from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 
 _log = logging.getLogger("shellseam")
 
@@ -96,10 +96,14 @@ class SubprocessService:
     ) -> _core.Proc:
         """Spawns one process group; raises ``ShellError`` with an exact reason."""
         try:
+            cwd_bytes = os.fsencode(cwd)
+        except UnicodeEncodeError as err:
+            raise ShellError(INVALID_REQUEST, f"workdir is not encodable: {err.reason}") from None
+        try:
             return self._supervisor.spawn(
                 program=program,
                 argv=list(argv),
-                cwd=os.fsencode(cwd),
+                cwd=cwd_bytes,
                 env=env,
                 stdin=stdin,
                 stdout_cap=stdout_cap,
