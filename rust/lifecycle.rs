@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::kill::{count_group, group_alive, signal_group};
 use crate::pipes::OutStream;
-use crate::process::{Proc, ProcState};
+use crate::process::{LeaderExit, Proc, ProcState};
 use crate::sys::{lock, reap_nonblocking, Reaped};
 
 /// How often the group of a process in its Reaping phase is polled (no event exists for
@@ -109,13 +109,10 @@ fn close_pidfd(proc: &Proc, st: &mut ProcState) {
 /// The pidfd became readable: collect the leader's status.
 pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
     match reap_nonblocking(proc.pid) {
-        Reaped::Exited(status, usage) => {
-            st.wait_status = Some(status);
-            st.rusage = Some(usage);
-        }
+        Reaped::Exited(status, usage) => st.leader = Some(LeaderExit::Status(status, usage)),
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
-        // what we can instead of waiting forever.
-        Reaped::Lost => st.wait_status = Some(0),
+        // that the status is unknown instead of waiting forever or making one up.
+        Reaped::Lost => st.leader = Some(LeaderExit::Unknown),
         Reaped::Running => return,
     }
     close_pidfd(proc, st);
@@ -128,7 +125,7 @@ fn pipes_closed(st: &ProcState) -> bool {
 /// Moves a process on after an event of its own.
 pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
     match st.phase {
-        Phase::Running if st.wait_status.is_some() => {
+        Phase::Running if st.leader.is_some() => {
             if pipes_closed(st) {
                 begin_reap(proc, st, now);
             } else {

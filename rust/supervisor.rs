@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::errors::CoreError;
+use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::kill::signal_group;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::READ_CHUNK;
@@ -149,7 +149,7 @@ impl Service {
         lock(&self.thread).is_some()
     }
 
-    fn ensure_thread(&self) -> Result<(), CoreError> {
+    fn ensure_thread(&self) -> io::Result<()> {
         let mut thread = lock(&self.thread);
         if thread.is_none() {
             let shared = Arc::clone(&self.shared);
@@ -168,7 +168,8 @@ impl Service {
         if self.is_disposed() {
             return Err(CoreError::Disposed);
         }
-        self.ensure_thread()?;
+        self.ensure_thread()
+            .map_err(|e| SpawnError::from_io(SpawnStage::Supervise, &e))?;
         let started = Instant::now();
         let child = spawn(plan)?;
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
@@ -210,7 +211,7 @@ impl Service {
                     self.shared.unwatch(&fd, key);
                 }
             }
-            return Err(CoreError::Io(err));
+            return Err(SpawnError::from_io(SpawnStage::Supervise, &err).into());
         }
         Ok(proc)
     }

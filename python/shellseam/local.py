@@ -16,12 +16,19 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from . import _core
 from .abort import AbortSignal
-from .errors import DISPOSED, INVALID_REQUEST, ShellError
+from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
-from .service import SubprocessService, default_service
+from .service import (
+    ChildEnv,
+    Collected,
+    EnvBuilder,
+    ManagedProcess,
+    Ruleset,
+    SubprocessService,
+    default_service,
+)
 from .types import (
     CollectedOutput,
     SandboxMode,
@@ -64,7 +71,7 @@ class _FirstCause:
 
     __slots__ = ("_lock", "_proc", "cause")
 
-    def __init__(self, proc: _core.Proc) -> None:
+    def __init__(self, proc: ManagedProcess) -> None:
         self._lock = threading.Lock()
         self._proc = proc
         self.cause: Cause | None = None
@@ -127,9 +134,8 @@ def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[byt
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
 
 
-def _collected(raw: tuple[str, bool, str | None, int, bool]) -> CollectedOutput:
-    text, truncated, spill_path, total_bytes, spill_truncated = raw
-    return CollectedOutput(text, truncated, spill_path, total_bytes, spill_truncated)
+def _collected(c: Collected) -> CollectedOutput:
+    return CollectedOutput(c.text, c.truncated, c.spill_path, c.total_bytes, c.spill_truncated)
 
 
 _EMPTY = CollectedOutput(
@@ -173,7 +179,7 @@ class LocalShellExecutor(ShellExecutor):
         self.scrub_patterns = tuple(scrub_patterns)
         self.managed_prefix = managed_prefix
         self._service = service
-        self._env = _core.EnvBuilder(
+        self._env = EnvBuilder(
             list(self.scrub_patterns), managed_prefix, _STARTUP_FILE_VARS, _pairs(TERMINAL_ENV)
         )
 
@@ -228,7 +234,7 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- sandbox hooks (overridden by SandboxShellExecutor) ------------------------------
 
-    def _ruleset(self, spec: ShellExecSpec) -> _core.Ruleset | None:
+    def _ruleset(self, spec: ShellExecSpec) -> Ruleset | None:
         return None
 
     def _sandbox_info(
@@ -241,7 +247,7 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- spawning ----------------------------------------------------------------------
 
-    def _child_env(self, spec: ShellExecSpec) -> _core.Env:
+    def _child_env(self, spec: ShellExecSpec) -> ChildEnv:
         # posix.environ is the bytes dict behind os.environ (kept current by it); the
         # builder caches the filtered inherited layer until that dict changes.
         return self._env.build(
@@ -254,7 +260,7 @@ class LocalShellExecutor(ShellExecutor):
         """The child's environment for ``spec``, in the SPEC's order (module docstring)."""
         return self._child_env(spec).pairs()
 
-    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> _core.Proc:
+    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> ManagedProcess:
         ruleset = self._ruleset(spec)
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
@@ -274,22 +280,24 @@ class LocalShellExecutor(ShellExecutor):
             ruleset=ruleset,
         )
 
-    def _result(self, spec: ShellExecSpec, proc: _core.Proc, cause: Cause | None) -> ShellRunResult:
+    def _result(
+        self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
+    ) -> ShellRunResult:
         finished = proc.result()
         assert finished is not None, "a result is built only for a finished process"
-        (exit_code, signum, duration_ms, leftover, *_), out, err = finished
-        stderr = _collected(err)
+        outcome = finished.outcome
+        stderr = _collected(finished.stderr)
         return ShellRunResult(
-            exit_code=exit_code,
-            signal=signal_name(signum),
+            exit_code=outcome.exit_code,
+            signal=signal_name(outcome.signal),
             timed_out=cause == "timeout",
             aborted=cause == "abort",
             timeout_ms=spec.timeout_ms,
-            stdout=_collected(out),
+            stdout=_collected(finished.stdout),
             stderr=stderr,
-            duration_ms=duration_ms,
-            leftover_killed=leftover,
-            sandbox=self._sandbox_info(spec, exit_code, stderr.text),
+            duration_ms=outcome.duration_ms,
+            leftover_killed=outcome.leftover_killed,
+            sandbox=self._sandbox_info(spec, outcome.exit_code, stderr.text),
         )
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
@@ -334,14 +342,13 @@ class LocalShellExecutor(ShellExecutor):
         first = _FirstCause(proc)
         timer = asyncio.get_running_loop().call_later(spec.timeout_ms / 1000, first.on_timeout)
         remove = first.watch(spec.signal)
-        service = self.service
         try:
-            await service.wait_async(proc)
+            await proc.wait_async()
         except asyncio.CancelledError:
             proc.kill()
             while not proc.done:
                 try:
-                    await service.wait_async(proc)
+                    await proc.wait_async()
                 except asyncio.CancelledError:
                     continue
             raise
@@ -353,18 +360,16 @@ class LocalShellExecutor(ShellExecutor):
     # -- background --------------------------------------------------------------------
 
     def start(self, spec: ShellExecSpec) -> ShellProcess:
-        service = self.service
         try:
             proc = self._spawn(spec, self.max_output_bytes)
         except ShellError as err:
-            if err.code == "DISPOSED":
+            if err.code == DISPOSED:
                 raise
             return ShellProcess(
-                service=service,
                 proc=None,
                 spawn_failure=err.reason,
                 failed_sandbox=(
-                    self._runner_failed_info(spec) if err.code == "SANDBOX_UNAVAILABLE" else None
+                    self._runner_failed_info(spec) if err.code == SANDBOX_UNAVAILABLE else None
                 ),
             )
         stamp = None
@@ -375,4 +380,4 @@ class LocalShellExecutor(ShellExecutor):
                 assert info is not None
                 return info
 
-        return ShellProcess(service=service, proc=proc, sandbox_stamp=stamp)
+        return ShellProcess(proc=proc, sandbox_stamp=stamp)
