@@ -39,13 +39,11 @@ impl Timers {
         self.heap.extend(timers.into_iter().map(Reverse));
     }
 
-    /// Milliseconds until the earliest deadline (rounded up so that the loop never wakes
-    /// just before a deadline and spins), -1 when there is none.
-    pub fn timeout_ms(&self, now: Instant) -> i32 {
-        self.heap.peek().map_or(-1, |Reverse((at, _))| {
-            let wait = at.saturating_duration_since(now);
-            wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-        })
+    /// Time until the earliest deadline, None when there is none.
+    pub fn timeout(&self, now: Instant) -> Option<Duration> {
+        self.heap
+            .peek()
+            .map(|Reverse((at, _))| at.saturating_duration_since(now))
     }
 
     /// Removes and returns the token of a timer due at `now`.
@@ -219,12 +217,12 @@ mod tests {
     fn timers_pop_in_deadline_order() {
         let now = Instant::now();
         let mut t = Timers::default();
-        assert_eq!(t.timeout_ms(now), -1);
+        assert_eq!(t.timeout(now), None);
         t.extend([(now + Duration::from_millis(20), 2), (now, 1)]);
-        assert_eq!(t.timeout_ms(now), 0);
+        assert_eq!(t.timeout(now), Some(Duration::ZERO));
         assert_eq!(t.pop_due(now), Some(1));
         assert_eq!(t.pop_due(now), None);
-        assert_eq!(t.timeout_ms(now), 20);
+        assert_eq!(t.timeout(now), Some(Duration::from_millis(20)));
         assert_eq!(t.pop_due(now + Duration::from_millis(20)), Some(2));
     }
 }
