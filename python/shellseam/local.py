@@ -298,6 +298,7 @@ class LocalShellExecutor(ShellExecutor):
             duration_ms=outcome.duration_ms,
             leftover_killed=outcome.leftover_killed,
             sandbox=self._sandbox_info(spec, outcome.exit_code, stderr.text),
+            exit_status_unknown=outcome.exit_status_unknown,
         )
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
