@@ -20,6 +20,13 @@ const REAP_POLL: Duration = Duration::from_millis(5);
 /// How long SIGKILLed leftovers may take to vanish before the call completes regardless.
 const SIGKILL_SETTLE: Duration = Duration::from_secs(2);
 
+/// `now + wait`, saturating a century ahead instead of panicking on overflow (a grace of
+/// 2^64 ms crosses the boundary as a valid u64).
+pub(crate) fn after(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
     Running,
@@ -128,7 +135,7 @@ pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
                 begin_reap(proc, st, now);
             } else {
                 st.phase = Phase::Draining;
-                let at = now + st.grace;
+                let at = after(now, st.grace);
                 st.deadline = Some(at);
                 proc.shared.add_timer(at, proc.token, false);
             }
@@ -149,7 +156,7 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
             st.phase = Phase::Reaping {
                 sigkill_sent: false,
             };
-            st.deadline = Some(now + st.grace);
+            st.deadline = Some(after(now, st.grace));
             proc.shared.add_timer(now + REAP_POLL, proc.token, false);
             return;
         }
@@ -212,6 +219,16 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deadlines_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(3600 * 24 * 365));
+        assert_eq!(
+            after(now, Duration::from_millis(5)),
+            now + Duration::from_millis(5)
+        );
+    }
 
     #[test]
     fn timers_pop_in_deadline_order() {

@@ -17,7 +17,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from .abort import AbortSignal
-from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
+from .checks import (
+    MAX_BYTES,
+    MAX_TIMEOUT_MS,
+    check_command,
+    check_env,
+    check_policy,
+    check_signal,
+    check_spec,
+    check_stdin,
+    check_workdir,
+    config_int,
+    invalid,
+    positive_int,
+)
+from .errors import DISPOSED, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
 from .service import (
@@ -98,37 +112,6 @@ def _nothing() -> None:
     return None
 
 
-def _invalid(reason: str) -> ShellError:
-    return ShellError(INVALID_REQUEST, reason)
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _invalid(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _check_text(value: str, name: str) -> None:
-    """Text must be encodable: a lone surrogate (valid JSON, invalid UTF-8) is refused here
-    instead of failing at spawn."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _invalid(f"{name} is not valid UTF-8 (it contains a lone surrogate)") from None
-
-
-def _check_env(env: Mapping[str, str] | None, name: str) -> None:
-    if env is None:
-        return
-    for key, value in env.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise _invalid(f"{name} keys and values must be strings")
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise _invalid(f"{name} has an invalid entry {key!r}")
-        _check_text(key, name)
-        _check_text(value, name)
-
-
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     items = env.items() if isinstance(env, Mapping) else env
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
@@ -161,15 +144,16 @@ class LocalShellExecutor(ShellExecutor):
         managed_prefix: str = "DSH_",
         service: SubprocessService | None = None,
     ) -> None:
-        for name, value in (
-            ("timeout_ms", timeout_ms),
-            ("max_timeout_ms", max_timeout_ms),
-            ("max_output_bytes", max_output_bytes),
-            ("max_spill_bytes", max_spill_bytes),
+        for name, value, maximum in (
+            ("timeout_ms", timeout_ms, MAX_TIMEOUT_MS),
+            ("max_timeout_ms", max_timeout_ms, MAX_TIMEOUT_MS),
+            ("max_output_bytes", max_output_bytes, MAX_BYTES),
+            ("max_spill_bytes", max_spill_bytes, MAX_BYTES),
         ):
-            _positive_int(value, name)
-        if isinstance(grace_ms, bool) or not isinstance(grace_ms, int) or grace_ms < 0:
-            raise _invalid(f"grace_ms must be a non-negative integer, got {grace_ms!r}")
+            config_int(value, name, minimum=1, maximum=maximum)
+        config_int(grace_ms, "grace_ms", minimum=0, maximum=MAX_TIMEOUT_MS)
+        if cwd is not None and not isinstance(cwd, str):
+            raise TypeError(f"cwd must be a str or None, got {type(cwd).__name__}")
         self.cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
         self.timeout_ms = timeout_ms
         self.max_timeout_ms = max_timeout_ms
@@ -191,31 +175,21 @@ class LocalShellExecutor(ShellExecutor):
     # -- resolve -----------------------------------------------------------------------
 
     def resolve(self, request: ShellExecRequest) -> ShellExecSpec:
-        command = request.command
-        if not isinstance(command, str) or not command.strip():
-            raise _invalid("command must be a non-empty string")
-        if "\0" in command:
-            raise _invalid("command contains a NUL byte")
-        _check_text(command, "command")
-        workdir = request.workdir
-        if workdir is None:
-            workdir = self.cwd
-        elif not isinstance(workdir, str) or not workdir or "\0" in workdir:
-            raise _invalid(f"workdir must be a non-empty path, got {workdir!r}")
-        else:
-            _check_text(workdir, "workdir")
+        if not isinstance(request, ShellExecRequest):
+            raise invalid(f"expected a ShellExecRequest, got {type(request).__name__}")
+        command = check_command(request.command)
+        workdir = self.cwd if request.workdir is None else check_workdir(request.workdir)
         workdir = os.path.abspath(os.path.join(self.cwd, workdir))
         timeout_ms = self.timeout_ms if request.timeout_ms is None else request.timeout_ms
-        timeout_ms = min(_positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
+        timeout_ms = min(positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
         stdout_max = request.stdout_max_bytes
         stdout_max = self.max_output_bytes if stdout_max is None else stdout_max
-        stdout_max = min(_positive_int(stdout_max, "stdout_max_bytes"), self.max_spill_bytes)
-        if request.stdin is not None and not isinstance(request.stdin, (str, bytes)):
-            raise _invalid("stdin must be str or bytes")
-        if isinstance(request.stdin, str):
-            _check_text(request.stdin, "stdin")
-        _check_env(request.env, "env")
-        _check_env(request.managed_env, "managed_env")
+        stdout_max = min(positive_int(stdout_max, "stdout_max_bytes"), self.max_spill_bytes)
+        check_signal(request.signal)
+        check_stdin(request.stdin)
+        check_env(request.env, "env")
+        check_env(request.managed_env, "managed_env")
+        check_policy(request.sandbox_policy)
         return ShellExecSpec(
             command=command,
             workdir=workdir,
@@ -266,7 +240,7 @@ class LocalShellExecutor(ShellExecutor):
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
-            raise _invalid(f"not encodable as UTF-8: {err.reason}") from None
+            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
         return self.service.spawn(
             program=_BASH,
             argv=[b"bash", b"-c", command],
@@ -318,6 +292,7 @@ class LocalShellExecutor(ShellExecutor):
     # -- foreground --------------------------------------------------------------------
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
@@ -337,6 +312,7 @@ class LocalShellExecutor(ShellExecutor):
         return self._result(spec, proc, first.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
+        check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
@@ -361,6 +337,7 @@ class LocalShellExecutor(ShellExecutor):
     # -- background --------------------------------------------------------------------
 
     def start(self, spec: ShellExecSpec) -> ShellProcess:
+        check_spec(spec)
         try:
             proc = self._spawn(spec, self.max_output_bytes)
         except ShellError as err:

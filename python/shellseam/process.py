@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .checks import wait_timeout
 from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
 
 if TYPE_CHECKING:
@@ -130,10 +131,12 @@ class ShellProcess:
             await asyncio.sleep(0)
 
     def wait_sync(self, timeout: float | None = None) -> bool:
-        """Blocks until settled or ``timeout`` seconds pass; True when settled."""
+        """Blocks until settled or ``timeout`` seconds pass (None or infinity: no timeout);
+        True when settled."""
+        limit = wait_timeout(timeout)
         if self._proc is None:
             return True
-        return self._proc.wait(timeout)
+        return self._proc.wait(limit)
 
     def add_done_callback(self, cb: Callable[[ShellProcess], None]) -> None:
         """Calls ``cb(self)`` once settled: at once if it is, else from the service's
