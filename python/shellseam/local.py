@@ -12,11 +12,8 @@ import asyncio
 import os
 import posix
 import shutil
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
 
-from .abort import AbortSignal
 from .checks import (
     MAX_BYTES,
     MAX_TIMEOUT_MS,
@@ -31,6 +28,7 @@ from .checks import (
     invalid,
     positive_int,
 )
+from .deadline import Cause, Deadline
 from .errors import DISPOSED, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
@@ -65,8 +63,6 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 #: Ambient variables that would make a non-interactive bash read a startup file.
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
-Cause = Literal["timeout", "abort"]
-
 
 def _bash_path() -> bytes:
     for candidate in ("/bin/bash", "/usr/bin/bash"):
@@ -77,39 +73,6 @@ def _bash_path() -> bytes:
 
 
 _BASH = _bash_path()
-
-
-class _FirstCause:
-    """The fused deadline of one run: the first of timeout and abort kills the process and
-    is the only cause reported; later causes are ignored."""
-
-    __slots__ = ("_lock", "_proc", "cause")
-
-    def __init__(self, proc: ManagedProcess) -> None:
-        self._lock = threading.Lock()
-        self._proc = proc
-        self.cause: Cause | None = None
-
-    def fire(self, cause: Cause) -> None:
-        with self._lock:
-            if self.cause is not None:
-                return
-            self.cause = cause
-        self._proc.kill()
-
-    def on_timeout(self) -> None:
-        self.fire("timeout")
-
-    def on_abort(self) -> None:
-        self.fire("abort")
-
-    def watch(self, signal: AbortSignal | None) -> Callable[[], None]:
-        """Listens to the caller's signal; returns the remover."""
-        return signal.add_listener(self.on_abort) if signal is not None else _nothing
-
-
-def _nothing() -> None:
-    return None
 
 
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -296,43 +259,37 @@ class LocalShellExecutor(ShellExecutor):
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        first = _FirstCause(proc)
-        remove = first.watch(spec.signal)
-        try:
-            if not proc.wait(spec.timeout_ms / 1000):
-                first.on_timeout()
+        deadline = Deadline(proc.kill)
+        with deadline.watching(spec.signal):
+            try:
+                if not proc.wait(spec.timeout_ms / 1000):
+                    deadline.on_timeout()
+                    proc.wait(None)
+            except BaseException:
+                # KeyboardInterrupt while waiting: nothing may be left running.
+                proc.kill()
                 proc.wait(None)
-        except BaseException:
-            # KeyboardInterrupt while waiting: nothing may be left running.
-            proc.kill()
-            proc.wait(None)
-            raise
-        finally:
-            remove()
-        return self._result(spec, proc, first.cause)
+                raise
+        return self._result(spec, proc, deadline.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        first = _FirstCause(proc)
-        timer = asyncio.get_running_loop().call_later(spec.timeout_ms / 1000, first.on_timeout)
-        remove = first.watch(spec.signal)
-        try:
-            await proc.wait_async()
-        except asyncio.CancelledError:
-            proc.kill()
-            while not proc.done:
-                try:
-                    await proc.wait_async()
-                except asyncio.CancelledError:
-                    continue
-            raise
-        finally:
-            timer.cancel()
-            remove()
-        return self._result(spec, proc, first.cause)
+        deadline = Deadline(proc.kill)
+        with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
+            try:
+                await proc.wait_async()
+            except asyncio.CancelledError:
+                proc.kill()
+                while not proc.done:
+                    try:
+                        await proc.wait_async()
+                    except asyncio.CancelledError:
+                        continue
+                raise
+        return self._result(spec, proc, deadline.cause)
 
     # -- background --------------------------------------------------------------------
 
