@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..env import ManagedEnvRegistry
 from ..errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 from ..executor import ShellExecutor
 from ..render import parse_exit_status, render_background_started, render_result
@@ -30,6 +29,7 @@ from ._args import (
 )
 from .approval import ApprovalRequest, ApprovalService, SandboxModeStore
 from .context import PromptSection, ToolContext, ToolResult
+from .managed_env import ManagedEnvRegistry
 
 PROMPT_TEXT = (
     "Check the [exit code: N] marker on every bash result; investigate failures before moving on."
