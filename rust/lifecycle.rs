@@ -151,7 +151,9 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     if group_alive(proc.pid) {
         let left = count_group(proc.pid);
         if left > 0 {
-            st.leftover_killed += left as u32;
+            st.leftover_killed = st
+                .leftover_killed
+                .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
             let _ = signal_group(proc.pid, libc::SIGTERM);
             st.phase = Phase::Reaping {
                 sigkill_sent: false,
