@@ -63,6 +63,8 @@ def test_wait_sync_infinity_means_no_timeout(ex: LocalShellExecutor) -> None:
     assert proc.wait_sync(math.inf) is True
     assert proc.exit_code == 0
     assert proc.wait_sync(1e300) is True
+    assert proc.wait_sync(10**400) is True
+    assert proc.wait_sync(-(10**400)) is True
     assert proc.wait_sync(-1) is True
 
 
