@@ -26,8 +26,14 @@ pub fn group_alive(pgid: libc::pid_t) -> bool {
     matches!(signal_group(pgid, 0), Ok(true))
 }
 
-/// Counts the live members of a group by scanning /proc; zombies are not counted, they
-/// are already dead and only wait for their parent.
+/// `PF_EXITING` in the flags field of /proc/<pid>/stat (include/linux/sched.h).
+const PF_EXITING: u64 = 0x4;
+
+/// Counts the live members of a group by scanning /proc. Zombies are not counted, they are
+/// already dead and only wait for their parent; nor are processes already in exit(2): a
+/// process closes its pipes (our EOF) before it turns into a zombie, so a background job
+/// that printed its last line and exited would otherwise be caught in between and reported
+/// as a leftover we stopped.
 pub fn count_group(pgid: libc::pid_t) -> usize {
     let Ok(entries) = fs::read_dir("/proc") else {
         return 0;
@@ -42,8 +48,8 @@ pub fn count_group(pgid: libc::pid_t) -> usize {
         let Ok(stat) = fs::read_to_string(format!("/proc/{name}/stat")) else {
             continue;
         };
-        if let Some((state, pgrp)) = parse_stat(&stat) {
-            if pgrp == pgid && state != 'Z' && state != 'X' {
+        if let Some((state, pgrp, flags)) = parse_stat(&stat) {
+            if pgrp == pgid && state != 'Z' && state != 'X' && flags & PF_EXITING == 0 {
                 count += 1;
             }
         }
@@ -51,14 +57,16 @@ pub fn count_group(pgid: libc::pid_t) -> usize {
     count
 }
 
-/// (state, pgrp) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
-fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
+/// (state, pgrp, flags) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
+fn parse_stat(stat: &str) -> Option<(char, libc::pid_t, u64)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let _ppid = fields.next()?;
     let pgrp = fields.next()?.parse().ok()?;
-    Some((state, pgrp))
+    // session, tty_nr, tpgid, then flags.
+    let flags = fields.nth(3)?.parse().ok()?;
+    Some((state, pgrp, flags))
 }
 
 #[cfg(test)]
@@ -67,8 +75,10 @@ mod tests {
 
     #[test]
     fn parses_stat_with_odd_comm() {
-        let line = "123 (a) b (c)) S 1 456 456 0 -1";
-        assert_eq!(parse_stat(line), Some(('S', 456)));
+        let line = "123 (a) b (c)) S 1 456 456 0 -1 4194560 0";
+        assert_eq!(parse_stat(line), Some(('S', 456, 4194560)));
+        let exiting = "9 (sh) R 1 456 456 0 -1 4194564 0";
+        assert_eq!(parse_stat(exiting).map(|s| s.2 & PF_EXITING), Some(PF_EXITING));
     }
 
     #[test]
