@@ -78,7 +78,10 @@ mod tests {
         let line = "123 (a) b (c)) S 1 456 456 0 -1 4194560 0";
         assert_eq!(parse_stat(line), Some(('S', 456, 4194560)));
         let exiting = "9 (sh) R 1 456 456 0 -1 4194564 0";
-        assert_eq!(parse_stat(exiting).map(|s| s.2 & PF_EXITING), Some(PF_EXITING));
+        assert_eq!(
+            parse_stat(exiting).map(|s| s.2 & PF_EXITING),
+            Some(PF_EXITING)
+        );
     }
 
     #[test]

@@ -3,8 +3,9 @@
 ``render_result`` turns a foreground ``ShellRunResult`` into text whose last line is the
 exit-status marker; ``render_markers`` gives the same markers without the output text, for
 front ends that show the output themselves; ``parse_exit_status`` inverts the status marker
-for presenters (terminal cards show the status as a separate pill). The background strings (start acknowledgement, status
-details, lossy-read markers) live here too, so every model-facing shell string has one home.
+for presenters (terminal cards show the status as a separate pill). The background strings
+(start acknowledgement, status details, lossy-read markers) live here too, so every
+model-facing shell string has one home.
 """
 
 from __future__ import annotations
