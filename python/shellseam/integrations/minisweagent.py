@@ -195,9 +195,10 @@ def _submission_candidate(result: ShellRunResult, text: str) -> str:
 
 def _may_submit(head: str) -> bool:
     """Whether an output starting with ``head`` can pass LocalEnvironment's sentinel test
-    (its first non-blank line, stripped, is the sentinel)."""
+    (its first non-blank line, stripped, is the sentinel): the head, blanks skipped, is
+    empty, starts with the sentinel, or is the start of it."""
     stripped = head.lstrip()
-    return not stripped or stripped.startswith(_SUBMIT_SENTINEL)
+    return stripped.startswith(_SUBMIT_SENTINEL) or _SUBMIT_SENTINEL.startswith(stripped)
 
 
 def _decode(data: bytes) -> str:
