@@ -29,16 +29,31 @@ pub fn group_alive(pgid: libc::pid_t) -> bool {
 /// `PF_EXITING` in the flags field of /proc/<pid>/stat (include/linux/sched.h).
 const PF_EXITING: u64 = 0x4;
 
-/// Counts the live members of a group by scanning /proc. Zombies are not counted, they are
-/// already dead and only wait for their parent; nor are processes already in exit(2): a
-/// process closes its pipes (our EOF) before it turns into a zombie, so a background job
-/// that printed its last line and exited would otherwise be caught in between and reported
-/// as a leftover we stopped.
-pub fn count_group(pgid: libc::pid_t) -> usize {
+/// The members of a group that are not yet zombies, from a scan of /proc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Members {
+    /// Running, sleeping or stopped: what a kill still has to stop.
+    pub live: usize,
+    /// Already in exit(2) (`PF_EXITING`), not yet zombies. A process closes its pipes (our
+    /// EOF) before it turns into a zombie, so a background job that printed its last line
+    /// and exited can be caught in between: it is going away on its own, not a leftover.
+    pub exiting: usize,
+}
+
+impl Members {
+    /// Nothing of the group is left but zombies waiting for their reaper.
+    pub fn gone(self) -> bool {
+        self.live == 0 && self.exiting == 0
+    }
+}
+
+/// Counts the members of a group by scanning /proc. Zombies are not counted, they are
+/// already dead and only wait for their parent.
+pub fn group_members(pgid: libc::pid_t) -> Members {
+    let mut members = Members::default();
     let Ok(entries) = fs::read_dir("/proc") else {
-        return 0;
+        return members;
     };
-    let mut count = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
@@ -48,13 +63,14 @@ pub fn count_group(pgid: libc::pid_t) -> usize {
         let Ok(stat) = fs::read_to_string(format!("/proc/{name}/stat")) else {
             continue;
         };
-        if let Some((state, pgrp, flags)) = parse_stat(&stat) {
-            if pgrp == pgid && state != 'Z' && state != 'X' && flags & PF_EXITING == 0 {
-                count += 1;
-            }
+        match parse_stat(&stat) {
+            Some((state, pgrp, _)) if pgrp != pgid || state == 'Z' || state == 'X' => {}
+            Some((_, _, flags)) if flags & PF_EXITING != 0 => members.exiting += 1,
+            Some(_) => members.live += 1,
+            None => {}
         }
     }
-    count
+    members
 }
 
 /// (state, pgrp, flags) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
@@ -89,6 +105,6 @@ mod tests {
         // SAFETY: getpgrp has no preconditions.
         let pgid = unsafe { libc::getpgrp() };
         assert!(group_alive(pgid));
-        assert!(count_group(pgid) >= 1);
+        assert!(group_members(pgid).live >= 1);
     }
 }

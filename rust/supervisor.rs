@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
 use crate::errors::CoreError;
-use crate::kill::{count_group, group_alive, signal_group};
+use crate::kill::{group_alive, group_members, signal_group};
 use crate::spawn::{spawn, SpawnPlan};
 use crate::spill::SpillDir;
 
@@ -777,10 +777,13 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
         epoll_del(proc.shared.epfd.as_raw_fd(), fd.as_raw_fd());
     }
     if group_alive(proc.pid) {
-        let left = count_group(proc.pid);
-        if left > 0 {
-            st.leftover_killed += left as u32;
-            let _ = signal_group(proc.pid, libc::SIGTERM);
+        let members = group_members(proc.pid);
+        if !members.gone() {
+            // Members already exiting are not leftovers; the call still waits for them.
+            if members.live > 0 {
+                st.leftover_killed += members.live as u32;
+                let _ = signal_group(proc.pid, libc::SIGTERM);
+            }
             st.phase = Phase::Reaping {
                 sigkill_sent: false,
             };
@@ -806,7 +809,7 @@ fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
         Phase::Reaping { sigkill_sent } => {
             // Count live members, not the group's existence: a killed orphan stays a
             // zombie until init reaps it, and some inits (containers) take their time.
-            if !group_alive(proc.pid) || count_group(proc.pid) == 0 {
+            if !group_alive(proc.pid) || group_members(proc.pid).gone() {
                 finish(proc, st, now);
             } else if due && !sigkill_sent {
                 let _ = signal_group(proc.pid, libc::SIGKILL);
@@ -905,7 +908,7 @@ mod tests {
         let o = p.outcome().unwrap();
         assert_eq!(o.exit_code, Some(0));
         assert_eq!(o.leftover_killed, 1);
-        assert_eq!(count_group(p.pgid()), 0);
+        assert!(group_members(p.pgid()).gone());
         svc.dispose(false);
     }
 
