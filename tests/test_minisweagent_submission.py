@@ -101,3 +101,14 @@ def test_a_spill_file_that_vanished_is_not_a_submission(tmp_path: Any) -> None:
     env = ShellseamEnvironment()
     env._executor = FakeExecutor(result=run_result(stdout))
     assert _decide(env) == ("observation", 0)
+
+
+def test_a_spill_path_that_became_a_symlink_is_not_followed(tmp_path: Any) -> None:
+    planted = tmp_path / "planted"
+    planted.write_text(f"{SENTINEL}\nnot what the action printed\n")
+    link = tmp_path / "spill"
+    link.symlink_to(planted)
+    stdout = collected("tail", truncated=True, spill_path=str(link), total_bytes=10**6)
+    env = ShellseamEnvironment()
+    env._executor = FakeExecutor(result=run_result(stdout))
+    assert _decide(env) == ("observation", 0)

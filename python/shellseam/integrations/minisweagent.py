@@ -183,7 +183,9 @@ def _submission_candidate(result: ShellRunResult, text: str) -> str:
     if stdout.spill_path is None or stdout.spill_truncated:
         return ""
     try:
-        with open(stdout.spill_path, "rb") as spill:
+        # The service created the file O_NOFOLLOW; it is read the same way.
+        fd = os.open(stdout.spill_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as spill:
             head = spill.read(_SPILL_HEAD_BYTES)
             if not _may_submit(_merged_output(result, _decode(head))):
                 return ""
