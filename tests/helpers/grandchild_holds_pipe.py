@@ -1,7 +1,7 @@
 """Helper program: forks a grandchild that keeps stdout open and sleeps, then exits at once.
 
-Each line is one write(2): print() under PYTHONUNBUFFERED=1 writes the text and its newline
-separately, and the two processes' lines could interleave.
+Each line goes out in one write(2): under PYTHONUNBUFFERED print() writes the text and the
+newline separately, and the two processes' lines could interleave.
 """
 
 import os
@@ -9,7 +9,7 @@ import sys
 import time
 
 if os.fork() == 0:
-    os.write(1, f"grandchild {os.getpid()}\n".encode())
+    os.write(sys.stdout.fileno(), f"grandchild {os.getpid()}\n".encode())
     time.sleep(60)
     sys.exit(0)
-os.write(1, b"parent done\n")
+os.write(sys.stdout.fileno(), b"parent done\n")
