@@ -6,7 +6,9 @@ entry included) or, for a submitting action, the same submission, from mini-swe-
 are the ones where an adapter can drift: the shell itself (``/bin/sh``, ``$0``, dash's
 ``echo``), stderr merged in write order, ``$LINENO`` and ``line N:`` messages, syntax errors
 on the first and a later line, signals, bytes that are not UTF-8, ``\\r\\n``, the submission
-sentinel.
+sentinel. A hypothesis test composes further scripts from fragments (stderr between stdout
+lines, syntax errors at any position, here-docs, ``set -x``) and holds them to the same rule,
+and ``shell="bash"`` is held to ``bash -c`` with stderr on stdout the same way.
 
 What must differ, and why (each pinned by a test below, both sides shown):
 - the terminal settings shellseam adds for a model reader (``TERM=dumb``, ``NO_COLOR=1``,
@@ -43,6 +45,8 @@ pytest.importorskip(
     "minisweagent", reason="mini-swe-agent is not installed (pip install 'shellseam[minisweagent]')"
 )
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from minisweagent.environments.local import LocalEnvironment
 from minisweagent.exceptions import Submitted
 
@@ -110,6 +114,50 @@ def test_same_observation(
 ) -> None:
     local, ours = envs
     assert _observe(ours, command) == _observe(local, command)
+
+
+FRAGMENTS = [
+    "echo out",
+    "echo err >&2",
+    "printf 'no newline'",
+    "printf 'to stderr' >&2",
+    'echo "line $LINENO"',
+    "nonexistent_command_12345",
+    "if then",
+    "fi",
+    "false",
+    "(exit 3)",
+    "set -x",
+    "set +x",
+    "cat <<EOF\nhere $((2*3))\nEOF",
+    "# a comment",
+    "",
+    "f() { echo in f >&2; return 2; }; f",
+    "exit 4",
+    f"echo {SENTINEL}",
+    "printf 'cr\\r\\n'",
+]
+# No pipes: the commands of a pipeline write concurrently, so their order differs run to run
+# in LocalEnvironment itself.
+JOINERS = ["\n", "; ", " && ", " || "]
+
+
+@st.composite
+def scripts(draw: st.DrawFn) -> str:
+    parts = draw(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=5))
+    script = parts[0]
+    for part in parts[1:]:
+        script += draw(st.sampled_from(JOINERS)) + part
+    return script
+
+
+@settings(max_examples=60, deadline=None)
+@given(script=scripts())
+def test_same_observation_for_composed_scripts(
+    envs: tuple[LocalEnvironment, ShellseamEnvironment], script: str
+) -> None:
+    local, ours = envs
+    assert _observe(ours, script) == _observe(local, script)
 
 
 def test_same_in_a_given_cwd_and_with_config_env(tmp_path: Path) -> None:
@@ -222,9 +270,8 @@ BASH_SAME = [
 ]
 
 
-@pytest.mark.parametrize("command", BASH_SAME)
-def test_bash_option_matches_bash_dash_c(command: str) -> None:
-    reference = subprocess.run(
+def _bash_reference(command: str) -> tuple[str, int]:
+    done = subprocess.run(
         ["bash", "-c", command],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -232,8 +279,20 @@ def test_bash_option_matches_bash_dash_c(command: str) -> None:
         text=True,
         check=False,
     )
+    return done.stdout, done.returncode
+
+
+@pytest.mark.parametrize("command", BASH_SAME)
+def test_bash_option_matches_bash_dash_c(command: str) -> None:
     ours = ShellseamEnvironment(shell="bash").execute({"command": command})
-    assert (ours["output"], ours["returncode"]) == (reference.stdout, reference.returncode)
+    assert (ours["output"], ours["returncode"]) == _bash_reference(command)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script=scripts().filter(lambda s: SENTINEL not in s))
+def test_bash_option_matches_bash_dash_c_for_composed_scripts(script: str) -> None:
+    ours = ShellseamEnvironment(shell="bash").execute({"command": script})
+    assert (ours["output"], ours["returncode"]) == _bash_reference(script)
 
 
 def _alive(pid: int) -> bool:
