@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from shellseam import LocalShellExecutor, SandboxShellExecutor, ShellExecRequest, landlock_abi
+from shellseam import (
+    LocalShellExecutor,
+    SandboxShellExecutor,
+    ShellError,
+    ShellExecRequest,
+    landlock_abi,
+)
 
 
 def _run(executor: LocalShellExecutor, command: str) -> tuple[str, str, int | None]:
@@ -54,6 +60,21 @@ def test_sandboxed_executor_takes_it_too(tmp_path: Path) -> None:
     assert out.startswith("/bin/sh\n")
     assert code == 2
     assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
+def test_a_command_beyond_one_argument_runs_whole_or_fails_loudly(shell: str) -> None:
+    # Long scripts reach the shell another way than argv (SPEC); that way must work for
+    # every shell, never run an empty script in its place.
+    command = 'echo "$0"; : ' + "x" * 200_000 + '\necho "end $LINENO"'
+    executor = LocalShellExecutor(shell=shell)
+    try:
+        out, _err, code = _run(executor, command)
+    except ShellError as err:
+        assert err.code == "SPAWN_FAILED"
+        return
+    lineno = "" if shell == "/bin/sh" else "2"
+    assert (out, code) == (f"{shell}\nend {lineno}\n", 0)
 
 
 @pytest.mark.parametrize(
