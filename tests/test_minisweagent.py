@@ -294,6 +294,21 @@ def test_sandbox_denial_marker_ends_the_observation(tmp_path: Path) -> None:
     }
 
 
+def test_a_file_that_is_not_executable_is_not_a_sandbox_denial(tmp_path: Path) -> None:
+    # Exit 126 from the shell itself ("Permission denied" for a file without +x) is the
+    # SPEC's exception; with stderr merged, the shell's message is on stdout, in dash's words.
+    if shellseam.landlock_abi() == 0:
+        pytest.skip("this kernel has no Landlock")
+    (tmp_path / "script.sh").write_text("echo hi\n")
+    for shell, message in (
+        ("sh", "/bin/sh: 1: ./script.sh: Permission denied\n"),
+        ("bash", "bash: line 1: ./script.sh: Permission denied\n"),
+    ):
+        env = ShellseamEnvironment(cwd=str(tmp_path), sandbox="workspace-write", shell=shell)
+        result = env.execute({"command": "./script.sh"})
+        assert (result["output"], result["returncode"]) == (message, 126)
+
+
 # --- markers go in the observation, never in a submission ---------------------------------
 
 SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
