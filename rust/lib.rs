@@ -3,10 +3,12 @@
 //! are behind the `python` feature that maturin enables.
 
 pub mod collector;
+pub mod confine;
 pub mod env;
 pub mod errors;
 pub mod kill;
 pub mod landlock;
+pub mod seccomp;
 pub mod spawn;
 pub mod spill;
 pub mod supervisor;

@@ -11,10 +11,14 @@ use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::confine::{CapData, CapHeader, Confinement, LOCKED_SECUREBITS};
 use crate::errors::{SpawnError, SpawnStage};
 
-/// Size of the child's stack while it runs between clone and exec.
+/// Size of the child's stack while it runs between clone and exec (a guard page below it).
 const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+/// The fd a long command's script is read from (`bash /dev/fd/3`, see `SpawnPlan::script`).
+pub const SCRIPT_FD: RawFd = 3;
 
 /// Everything one spawn needs, owned by the parent for the duration of the call.
 pub struct SpawnPlan {
@@ -23,9 +27,11 @@ pub struct SpawnPlan {
     /// `NAME=value` entries, shared so that a cached environment is not copied per spawn.
     pub envp: std::sync::Arc<Vec<CString>>,
     pub cwd: CString,
-    /// Landlock ruleset fd to enforce in the child before exec (see `landlock.rs`); the
-    /// caller keeps it open for the duration of the call.
-    pub landlock_ruleset: Option<RawFd>,
+    /// What a confined child applies before exec (see `confine.rs`); None: unconfined.
+    pub confinement: Option<std::sync::Arc<Confinement>>,
+    /// A sealed memfd holding a command too long for one argument; the child gets it as
+    /// fd `SCRIPT_FD` (not close-on-exec) and argv names `/dev/fd/3`.
+    pub script: Option<RawFd>,
 }
 
 /// The parent's ends of the child's stdio pipes.
@@ -52,9 +58,112 @@ struct ChildArgs {
     cwd: *const libc::c_char,
     stdio: [RawFd; 3],
     report_fd: RawFd,
-    landlock_fd: RawFd,
     /// Highest fd to mark close-on-exec when `close_range` is unavailable.
     max_fd: RawFd,
+    script_fd: RawFd,
+    confine: ChildConfinement,
+}
+
+/// The confinement steps of the child, as raw data (`active == false`: unconfined).
+#[repr(C)]
+struct ChildConfinement {
+    active: bool,
+    /// Clear the bounding set and lock securebits (the harness holds CAP_SETPCAP).
+    privileged: bool,
+    last_cap: libc::c_int,
+    cap_header: CapHeader,
+    cap_data: [CapData; 2],
+    landlock_fd: RawFd,
+    filter: libc::sock_fprog,
+}
+
+impl ChildConfinement {
+    fn from_plan(confinement: Option<&Confinement>) -> Self {
+        let mut c = Self {
+            active: false,
+            privileged: false,
+            last_cap: 0,
+            cap_header: CapHeader {
+                version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+                pid: 0,
+            },
+            cap_data: [CapData::default(); 2],
+            landlock_fd: -1,
+            filter: libc::sock_fprog {
+                len: 0,
+                filter: std::ptr::null_mut(),
+            },
+        };
+        if let Some(conf) = confinement {
+            c.active = true;
+            c.privileged = conf.caps.can_setpcap;
+            c.last_cap = conf.caps.last_cap;
+            c.landlock_fd = conf.landlock_fd();
+            c.filter = conf.filter_prog();
+        }
+        c
+    }
+}
+
+/// The child's stack: an anonymous mapping with a PROT_NONE guard page below it, kept per
+/// thread (spawns on one thread are sequential: CLONE_VFORK suspends it until exec).
+struct ChildStack {
+    base: *mut c_void,
+    len: usize,
+    guard: usize,
+}
+
+impl ChildStack {
+    fn new() -> io::Result<Self> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let len = CHILD_STACK_BYTES + page;
+        // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = Self {
+            base,
+            len,
+            guard: page,
+        };
+        // SAFETY: the lowest page of our own mapping becomes inaccessible: an overflow of
+        // the child's stack faults instead of writing into the harness's memory.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The 16-byte aligned top (stacks grow down on every architecture we build for).
+    fn top(&self) -> *mut c_void {
+        ((self.base as usize + self.len) & !0xf) as *mut c_void
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `new`, no longer used by any child.
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
+        let _ = self.guard;
+    }
+}
+
+thread_local! {
+    static CHILD_STACK: std::cell::RefCell<Option<ChildStack>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -120,7 +229,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let envp = null_terminated(&plan.envp);
     // SAFETY: sysconf has no memory-safety preconditions.
     let open_max = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) };
-    let args = ChildArgs {
+    let mut args = ChildArgs {
         program: plan.program.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
@@ -131,13 +240,28 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             stderr_w.as_raw_fd(),
         ],
         report_fd: report_w.as_raw_fd(),
-        landlock_fd: plan.landlock_ruleset.unwrap_or(-1),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
+        script_fd: plan.script.unwrap_or(-1),
+        confine: ChildConfinement::from_plan(plan.confinement.as_deref()),
     };
+    // The header is read by the child through a pointer into `args`.
+    args.confine.cap_header.pid = 0;
 
-    let mut stack = vec![0u8; CHILD_STACK_BYTES];
-    // Stacks grow down on every architecture we build for; align the top to 16 bytes.
-    let top = (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !0xf;
+    CHILD_STACK.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(ChildStack::new().map_err(|e| SpawnError::from_io(SpawnStage::Clone, &e))?);
+        }
+        match slot.as_ref() {
+            Some(stack) => clone_child(&args, stack.top()),
+            None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
+        }
+    })
+    .and_then(|(pid, pidfd)| finish_spawn(pid, pidfd, report_r, report_w, (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)))
+}
+
+/// Clones the child on `top` and returns (pid, pidfd); the parent resumes after exec/exit.
+fn clone_child(args: &ChildArgs, top: *mut c_void) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
     let mut pidfd: libc::c_int = -1;
 
     // Block every signal while the child shares our memory: a handler of the harness must
@@ -158,9 +282,9 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let pid = unsafe {
         libc::clone(
             child_main,
-            top as *mut c_void,
+            top,
             flags,
-            &args as *const ChildArgs as *mut c_void,
+            args as *const ChildArgs as *mut c_void,
             &mut pidfd as *mut libc::c_int,
         )
     };
@@ -169,17 +293,27 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
     }
-    drop(stack);
     if pid < 0 {
         return Err(SpawnError::from_io(SpawnStage::Clone, &clone_error));
     }
     // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a fresh fd we own.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
 
+/// After the child exec'd or failed: closes the child's ends and reads its report.
+fn finish_spawn(
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    report_r: OwnedFd,
+    report_w: OwnedFd,
+    child_ends: (OwnedFd, OwnedFd, OwnedFd),
+    parent_ends: (OwnedFd, OwnedFd, OwnedFd),
+) -> Result<Spawned, SpawnError> {
+    let (stdin_w, stdout_r, stderr_r) = parent_ends;
     // The child has exec'd (its copy of the report pipe closed on exec) or exited; drop our
     // write end and read whatever it reported.
     drop(report_w);
-    drop((stdin_r, stdout_w, stderr_w));
+    drop(child_ends);
     if let Some(err) = read_report(&report_r) {
         reap_failed_child(pid);
         return Err(err);
@@ -254,20 +388,16 @@ fn sys(ret: libc::c_long) -> Result<libc::c_long, i32> {
 
 /// The child between clone and exec: raw syscalls only, no allocation, no locks.
 extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
-    // SAFETY: `arg` points at the parent's ChildArgs, alive until we exec or exit.
-    let args = unsafe { &*(arg as *const ChildArgs) };
-    let stage = match child_setup(args) {
-        Ok(()) => SpawnStage::Exec,
-        Err(stage) => stage,
-    };
+    // SAFETY: `arg` points at the parent's ChildArgs, alive until we exec or exit; the
+    // parent is suspended (CLONE_VFORK) and every pointer in it was prepared for us.
+    let (stage, errno) = unsafe { child_setup(&*(arg as *const ChildArgs)) };
     // Only reached on failure: execve does not return on success.
-    // SAFETY: errno slot of this thread, see `sys`.
-    let errno = unsafe { *libc::__errno_location() };
     let mut report = [0u8; 8];
     report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
     report[4..].copy_from_slice(&errno.to_ne_bytes());
     // SAFETY: raw write of a stack buffer, then exit_group; no Rust runtime involved.
     unsafe {
+        let args = &*(arg as *const ChildArgs);
         libc::syscall(
             libc::SYS_write,
             args.report_fd,
@@ -279,73 +409,161 @@ extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
     127
 }
 
-fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
-    // SAFETY (whole function): raw syscalls on memory prepared by the parent; each failure
-    // leaves errno set for `child_main` to report.
-    unsafe {
-        // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
-        // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
-        let dfl: [libc::c_ulong; 4] = [libc::SIG_DFL as libc::c_ulong, 0, 0, 0];
-        for sig in 1..65 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                dfl.as_ptr(),
-                std::ptr::null::<c_void>(),
-                8usize,
-            );
+/// Fails the setup at `stage` with the errno of the syscall that just failed.
+macro_rules! check {
+    ($ret:expr, $stage:expr) => {
+        if let Err(errno) = sys($ret) {
+            return ($stage, errno);
         }
-        let empty: libc::c_ulong = 0;
-        sys(libc::syscall(
+    };
+}
+
+/// Every step between clone and exec; returns the failed stage and its errno (read once,
+/// right after the failing syscall). Does not return when `execve` succeeds.
+///
+/// # Safety
+/// Must run only in a child created by `clone(CLONE_VM | CLONE_VFORK)` from `spawn`, on the
+/// guarded child stack, with `args` (and everything it points to: argv, envp, the cwd, the
+/// seccomp filter) alive and unchanged until the child execs or exits, which CLONE_VFORK
+/// guarantees by suspending the parent. Only raw, async-signal-safe syscalls are made: no
+/// allocation, no locks, no Rust runtime.
+unsafe fn child_setup(args: &ChildArgs) -> (SpawnStage, i32) {
+    // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
+    // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
+    let dfl: [libc::c_ulong; 4] = [libc::SIG_DFL as libc::c_ulong, 0, 0, 0];
+    for sig in 1..65 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            dfl.as_ptr(),
+            std::ptr::null::<c_void>(),
+            8usize,
+        );
+    }
+    let empty: libc::c_ulong = 0;
+    check!(
+        libc::syscall(
             libc::SYS_rt_sigprocmask,
             libc::SIG_SETMASK,
             &empty as *const libc::c_ulong,
             std::ptr::null::<c_void>(),
             8usize,
-        ))
-        .map_err(|_| SpawnStage::Signals)?;
+        ),
+        SpawnStage::Signals
+    );
 
-        sys(libc::syscall(libc::SYS_setpgid, 0, 0)).map_err(|_| SpawnStage::ProcessGroup)?;
-        for (target, &fd) in args.stdio.iter().enumerate() {
-            sys(libc::syscall(libc::SYS_dup2, fd, target)).map_err(|_| SpawnStage::Stdio)?;
-        }
-        sys(libc::syscall(libc::SYS_chdir, args.cwd)).map_err(|_| SpawnStage::Chdir)?;
-
-        // Nothing of the harness leaks: every fd above stdio closes on exec.
-        let marked = sys(libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        ));
-        if marked.is_err() {
-            for fd in 3..=args.max_fd {
-                libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
-            }
-        }
-
-        if args.landlock_fd >= 0 {
-            sys(libc::syscall(
-                libc::SYS_prctl,
-                libc::PR_SET_NO_NEW_PRIVS,
-                1,
-                0,
-                0,
-                0,
-            ))
-            .map_err(|_| SpawnStage::Sandbox)?;
-            sys(libc::syscall(
-                libc::SYS_landlock_restrict_self,
-                args.landlock_fd,
-                0u32,
-            ))
-            .map_err(|_| SpawnStage::Sandbox)?;
-        }
-
-        libc::syscall(libc::SYS_execve, args.program, args.argv, args.envp);
+    // A new session: its own process group and no controlling terminal, so nothing the
+    // command runs can read, inject into or take over the harness's terminal.
+    check!(libc::syscall(libc::SYS_setsid), SpawnStage::ProcessGroup);
+    for (target, &fd) in args.stdio.iter().enumerate() {
+        // dup3 (aarch64 has no dup2); the sources are above stdio, so never equal.
+        check!(
+            libc::syscall(libc::SYS_dup3, fd, target as libc::c_int, 0),
+            SpawnStage::Stdio
+        );
     }
-    Err(SpawnStage::Exec)
+    check!(libc::syscall(libc::SYS_chdir, args.cwd), SpawnStage::Chdir);
+
+    // Nothing of the harness leaks: every fd above stdio closes on exec.
+    let marked = sys(libc::syscall(
+        libc::SYS_close_range,
+        3u32,
+        u32::MAX,
+        libc::CLOSE_RANGE_CLOEXEC,
+    ));
+    if marked.is_err() {
+        for fd in 3..=args.max_fd {
+            libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    if args.script_fd >= 0 {
+        let ret = if args.script_fd == SCRIPT_FD {
+            libc::syscall(libc::SYS_fcntl, SCRIPT_FD, libc::F_SETFD, 0)
+        } else {
+            libc::syscall(libc::SYS_dup3, args.script_fd, SCRIPT_FD, 0)
+        };
+        check!(ret, SpawnStage::Stdio);
+    }
+
+    if args.confine.active {
+        if let Some(failed) = confine_child(&args.confine) {
+            return failed;
+        }
+    }
+
+    libc::syscall(libc::SYS_execve, args.program, args.argv, args.envp);
+    (SpawnStage::Exec, *libc::__errno_location())
+}
+
+/// Drops every privilege, then enforces Landlock and seccomp (see `confine.rs` for why in
+/// this order). Returns the failure, if any.
+///
+/// # Safety
+/// As `child_setup`: only in the vfork child, with `c` (and its filter) alive.
+unsafe fn confine_child(c: &ChildConfinement) -> Option<(SpawnStage, i32)> {
+    macro_rules! step {
+        ($ret:expr) => {
+            if let Err(errno) = sys($ret) {
+                return Some((SpawnStage::Sandbox, errno));
+            }
+        };
+    }
+    if c.privileged {
+        // Both need CAP_SETPCAP, which the capset below takes away.
+        for cap in 0..=c.last_cap {
+            step!(libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_CAPBSET_DROP,
+                cap as libc::c_ulong,
+                0,
+                0,
+                0
+            ));
+        }
+        step!(libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_SET_SECUREBITS,
+            LOCKED_SECUREBITS,
+            0,
+            0,
+            0
+        ));
+    }
+    step!(libc::syscall(
+        libc::SYS_prctl,
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        0,
+        0,
+        0
+    ));
+    step!(libc::syscall(
+        libc::SYS_capset,
+        &c.cap_header as *const CapHeader,
+        c.cap_data.as_ptr()
+    ));
+    step!(libc::syscall(
+        libc::SYS_prctl,
+        libc::PR_SET_NO_NEW_PRIVS,
+        1,
+        0,
+        0,
+        0
+    ));
+    step!(libc::syscall(
+        libc::SYS_landlock_restrict_self,
+        c.landlock_fd,
+        0u32
+    ));
+    // Last: every setup syscall above runs unfiltered.
+    step!(libc::syscall(
+        libc::SYS_seccomp,
+        1u32, // SECCOMP_SET_MODE_FILTER
+        0u32,
+        &c.filter as *const libc::sock_fprog
+    ));
+    None
 }

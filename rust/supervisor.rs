@@ -857,7 +857,8 @@ mod tests {
             argv: vec![c("bash"), c("-c"), c(cmd)],
             envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
             cwd: c("/"),
-            landlock_ruleset: None,
+            confinement: None,
+            script: None,
         }
     }
 
