@@ -94,6 +94,44 @@ fn class_match(p: &[char], c: char) -> Option<(bool, usize)> {
 
 /// Ordered map with last-writer-wins semantics that keeps first-insertion order.
 /// One environment entry as raw bytes: names and values need not be UTF-8.
+/// Whether `value` contains a URL whose authority carries a password
+/// (`scheme://user:password@host…`, e.g. `postgres://u:p@h/db`); several URLs may appear
+/// (space-separated index lists), each is checked.
+pub fn has_url_password(value: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(pos) = find(&value[from..], b"://") {
+        let sep = from + pos;
+        let scheme_start = value[..sep]
+            .iter()
+            .rposition(|&c| !(c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.')))
+            .map_or(0, |i| i + 1);
+        let scheme = &value[scheme_start..sep];
+        let authority_start = sep + 3;
+        let rest = &value[authority_start..];
+        let end = rest
+            .iter()
+            .position(|&c| matches!(c, b'/' | b'?' | b'#') || c.is_ascii_whitespace())
+            .unwrap_or(rest.len());
+        let authority = &rest[..end];
+        if scheme.first().is_some_and(|c| c.is_ascii_alphabetic()) {
+            if let Some(at) = authority.iter().rposition(|&c| c == b'@') {
+                let userinfo = &authority[..at];
+                if let Some(colon) = userinfo.iter().position(|&c| c == b':') {
+                    if colon + 1 < userinfo.len() {
+                        return true;
+                    }
+                }
+            }
+        }
+        from = authority_start;
+    }
+    false
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
 pub type EnvPair = (Vec<u8>, Vec<u8>);
 
 #[derive(Default)]
@@ -156,6 +194,8 @@ impl Pattern {
 /// terminal settings, then the caller's `extra` (managed-prefix names ignored), then the
 /// managed facts last. Later layers win.
 pub struct EnvPolicy {
+    /// Exact names never scrubbed (by a pattern or by the value rule).
+    allowed: Vec<Vec<u8>>,
     patterns: Vec<Pattern>,
     prefix: Vec<u8>,
     drop_names: Vec<Vec<u8>>,
@@ -170,6 +210,7 @@ impl EnvPolicy {
         terminal: Vec<EnvPair>,
     ) -> Self {
         Self {
+            allowed: Vec::new(),
             patterns: scrub_patterns.iter().map(|p| Pattern::new(p)).collect(),
             prefix: managed_prefix.as_bytes().to_vec(),
             drop_names,
@@ -182,18 +223,33 @@ impl EnvPolicy {
     }
 
     /// Whether an inherited variable reaches the child.
+    /// Exact names that are never scrubbed (`allow_env`).
+    pub fn with_allowed(mut self, names: Vec<Vec<u8>>) -> Self {
+        self.allowed = names;
+        self
+    }
+
+    /// Whether the inherited variable `name` (whatever its value) survives the name rules.
     pub fn keeps(&self, name: &[u8]) -> bool {
         if self.is_managed(name) || self.drop_names.iter().any(|d| d == name) {
             return false;
+        }
+        if self.allowed.iter().any(|a| a == name) {
+            return true;
         }
         let upper = String::from_utf8_lossy(name).to_uppercase();
         !self.patterns.iter().any(|p| p.matches(&upper))
     }
 
-    /// The inherited layer: `base` without the names this policy removes.
+    /// Whether the inherited entry survives: the name rules, then the value rule (a value
+    /// carrying a URL with a password is a credential whatever its name).
+    pub fn keeps_entry(&self, name: &[u8], value: &[u8]) -> bool {
+        self.keeps(name) && (self.allowed.iter().any(|a| a == name) || !has_url_password(value))
+    }
+
     pub fn kept_base(&self, base: &[EnvPair]) -> Vec<EnvPair> {
         base.iter()
-            .filter(|(k, _)| self.keeps(k))
+            .filter(|(k, v)| self.keeps_entry(k, v))
             .cloned()
             .collect()
     }
@@ -408,5 +464,38 @@ mod tests {
             let err = builder.build(&[][..], &pairs(&[bad]), &[]).unwrap_err();
             assert!(matches!(err, CoreError::Invalid(_)), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn url_passwords_are_credentials_whatever_the_name() {
+        for v in [
+            "postgres://u:p@h/db",
+            "https://user:tok@pypi.example/simple",
+            "a https://x.org b redis://:secret@cache:6379",
+            "mysql://root:pw@localhost",
+        ] {
+            assert!(has_url_password(v.as_bytes()), "{v}");
+        }
+        for v in [
+            "https://example.org/a:b@c",
+            "ssh://git@github.com/x",
+            "http://user:@host/",
+            "no url at all",
+            "://x:y@z",
+            "x@y:z",
+        ] {
+            assert!(!has_url_password(v.as_bytes()), "{v}");
+        }
+        let policy = EnvPolicy::new(&["*KEY*".to_string()], "DSH_", vec![], vec![])
+            .with_allowed(vec![b"KEYBOARD_LAYOUT".to_vec(), b"MIRROR".to_vec()]);
+        let base = vec![
+            (b"DATABASE_URL".to_vec(), b"postgres://u:p@h/db".to_vec()),
+            (b"MIRROR".to_vec(), b"https://u:p@m/".to_vec()),
+            (b"KEYBOARD_LAYOUT".to_vec(), b"us".to_vec()),
+            (b"API_KEY".to_vec(), b"x".to_vec()),
+            (b"HOME".to_vec(), b"/root".to_vec()),
+        ];
+        let kept: Vec<Vec<u8>> = policy.kept_base(&base).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(kept, vec![b"MIRROR".to_vec(), b"KEYBOARD_LAYOUT".to_vec(), b"HOME".to_vec()]);
     }
 }

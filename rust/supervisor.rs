@@ -112,6 +112,11 @@ impl Shared {
 
 impl Service {
     pub fn new(spill_parent: PathBuf) -> io::Result<Self> {
+        Self::with_spill_total(spill_parent, u64::MAX)
+    }
+
+    /// A service whose spill files may hold `spill_total` bytes together.
+    pub fn with_spill_total(spill_parent: PathBuf, spill_total: u64) -> io::Result<Self> {
         let epfd = epoll_create()?;
         let wake = eventfd()?;
         epoll_add(&epfd, wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE_KEY)?;
@@ -123,7 +128,7 @@ impl Service {
                 next_key: AtomicU64::new(WAKE_KEY + 1),
                 live: Mutex::new(HashMap::new()),
                 timers_in: Mutex::new(Vec::new()),
-                spill: Mutex::new(SpillDir::new(spill_parent)),
+                spill: Mutex::new(SpillDir::with_total(spill_parent, spill_total)),
                 disposed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 next_token: AtomicU64::new(1),

@@ -9,6 +9,7 @@ draining, bounded collectors, spill files and kill escalation are the native cor
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import posix
 import shutil
@@ -44,6 +45,34 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 #: Ambient variables that would make a non-interactive bash read a startup file.
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
+#: Credential-looking names removed from the inherited environment (case-insensitive globs).
+DEFAULT_SCRUB_PATTERNS: tuple[str, ...] = (
+    "*KEY*",
+    "*SECRET*",
+    "*TOKEN*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*_PAT",
+    "*_PWD",
+)
+
+#: Exact names never scrubbed although a default pattern matches them.
+DEFAULT_ALLOW_ENV: tuple[str, ...] = (
+    "TOKENIZERS_PARALLELISM",
+    "KEYBOARD_LAYOUT",
+    "PYTHON_KEYRING_BACKEND",
+)
+
+#: The kernel's limit for one argument (MAX_ARG_STRLEN, with its NUL); longer commands reach
+#: bash through a sealed memfd.
+_MAX_ARG_BYTES = 128 * 1024 - 1
+#: The longest command accepted.
+MAX_COMMAND_BYTES = 16 * 2**20
+#: Read first by a long command's script: `$0` as `bash -c` sets it, the script fd closed.
+#: On the script's first line, so `$LINENO` counts as in `bash -c`.
+_SCRIPT_PREFIX = b"BASH_ARGV0=bash; exec 3<&-; "
+
 Cause = Literal["timeout", "abort"]
 
 
@@ -56,6 +85,37 @@ def _bash_path() -> bytes:
 
 
 _BASH = _bash_path()
+
+
+class Confinement:
+    """What one call needs beyond its command (built by ``_prepare``): the confinement
+    (ruleset) the child applies, the call's own environment variables, an environment
+    builder with extra drops, and a cleanup run once when the call settles."""
+
+    __slots__ = ("_lock", "cleanup", "env", "env_builder", "ruleset")
+
+    def __init__(
+        self,
+        ruleset: _core.Ruleset | None = None,
+        env: Sequence[tuple[bytes, bytes]] = (),
+        env_builder: _core.EnvBuilder | None = None,
+        cleanup: Callable[[], None] | None = None,
+    ) -> None:
+        self.ruleset = ruleset
+        self.env = list(env)
+        self.env_builder = env_builder
+        self.cleanup = cleanup
+        self._lock = threading.Lock()
+
+    def settle(self) -> None:
+        """Runs the cleanup (once)."""
+        with self._lock:
+            cleanup, self.cleanup = self.cleanup, None
+        if cleanup is not None:
+            cleanup()
+
+
+_UNCONFINED = Confinement()
 
 
 class _FirstCause:
@@ -122,6 +182,37 @@ def _check_env(env: Mapping[str, str] | None, name: str) -> None:
         _check_text(value, name)
 
 
+def _names(value: object, name: str) -> tuple[str, ...]:
+    """A sequence of str; a bare str is refused, never split into characters."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of str, got {type(value).__name__}")
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{name} entries must be str, got {type(item).__name__}")
+        if not item or "\0" in item:
+            raise ValueError(f"{name} entries must be non-empty without NUL, got {item!r}")
+    return items
+
+
+def _script_memfd(command: bytes) -> int:
+    """A sealed memfd holding a long command (with the prefix that keeps `$0` as is)."""
+    fd = os.memfd_create("shellseam-command", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(_SCRIPT_PREFIX + command)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     items = env.items() if isinstance(env, Mapping) else env
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
@@ -151,7 +242,8 @@ class LocalShellExecutor(ShellExecutor):
         max_output_bytes: int = 64_000,
         max_spill_bytes: int = 64 * 2**20,
         grace_ms: int = 3_000,
-        scrub_patterns: Sequence[str] = ("*KEY*", "*SECRET*", "*TOKEN*"),
+        scrub_patterns: Sequence[str] = DEFAULT_SCRUB_PATTERNS,
+        allow_env: Sequence[str] = DEFAULT_ALLOW_ENV,
         managed_prefix: str = "DSH_",
         service: SubprocessService | None = None,
     ) -> None:
@@ -170,11 +262,21 @@ class LocalShellExecutor(ShellExecutor):
         self.max_output_bytes = max_output_bytes
         self.max_spill_bytes = max_spill_bytes
         self.grace_ms = grace_ms
-        self.scrub_patterns = tuple(scrub_patterns)
+        self.scrub_patterns = _names(scrub_patterns, "scrub_patterns")
+        self.allow_env = _names(allow_env, "allow_env")
+        if not isinstance(managed_prefix, str):
+            raise TypeError(f"managed_prefix must be str, got {type(managed_prefix).__name__}")
         self.managed_prefix = managed_prefix
         self._service = service
-        self._env = _core.EnvBuilder(
-            list(self.scrub_patterns), managed_prefix, _STARTUP_FILE_VARS, _pairs(TERMINAL_ENV)
+        self._env = self._env_builder(())
+
+    def _env_builder(self, drop_names: Sequence[bytes]) -> _core.EnvBuilder:
+        return _core.EnvBuilder(
+            list(self.scrub_patterns),
+            self.managed_prefix,
+            [*_STARTUP_FILE_VARS, *drop_names],
+            _pairs(TERMINAL_ENV),
+            [os.fsencode(n) for n in self.allow_env],
         )
 
     @property
@@ -191,6 +293,8 @@ class LocalShellExecutor(ShellExecutor):
         if "\0" in command:
             raise _invalid("command contains a NUL byte")
         _check_text(command, "command")
+        if len(command) > MAX_COMMAND_BYTES // 4 and len(command.encode()) > MAX_COMMAND_BYTES:
+            raise _invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
         workdir = request.workdir
         if workdir is None:
             workdir = self.cwd
@@ -228,11 +332,12 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- sandbox hooks (overridden by SandboxShellExecutor) ------------------------------
 
-    def _ruleset(self, spec: ShellExecSpec) -> _core.Ruleset | None:
-        return None
+    def _prepare(self, spec: ShellExecSpec) -> Confinement:
+        """What a call needs beyond the command: nothing when nothing is confined."""
+        return _UNCONFINED
 
     def _sandbox_info(
-        self, spec: ShellExecSpec, exit_code: int | None, stderr_tail: str
+        self, spec: ShellExecSpec, exit_code: int | None, stdout_tail: str, stderr_tail: str
     ) -> ShellSandboxInfo | None:
         return None
 
@@ -241,43 +346,76 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- spawning ----------------------------------------------------------------------
 
-    def _child_env(self, spec: ShellExecSpec) -> _core.Env:
+    def _child_env(
+        self, spec: ShellExecSpec, confinement: Confinement | None = None
+    ) -> _core.Env:
         # posix.environ is the bytes dict behind os.environ (kept current by it); the
-        # builder caches the filtered inherited layer until that dict changes.
-        return self._env.build(
+        # builder caches the filtered inherited layer until that dict changes. A confined
+        # call's own variables (TMPDIR, caches) come before the caller's env, which wins.
+        conf = confinement if confinement is not None else _UNCONFINED
+        extra = _pairs(spec.env) if spec.env else []
+        if conf.env:
+            extra = [*conf.env, *extra]
+        builder = conf.env_builder if conf.env_builder is not None else self._env
+        return builder.build(
             posix.environ,
-            _pairs(spec.env) if spec.env else None,
+            extra or None,
             _pairs(spec.managed_env) if spec.managed_env else None,
         )
 
     def child_env(self, spec: ShellExecSpec) -> list[tuple[bytes, bytes]]:
         """The child's environment for ``spec``, in the SPEC's order (module docstring)."""
-        return self._child_env(spec).pairs()
+        conf = self._prepare(spec)
+        try:
+            return self._child_env(spec, conf).pairs()
+        finally:
+            conf.settle()
 
     def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> _core.Proc:
-        ruleset = self._ruleset(spec)
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
             raise _invalid(f"not encodable as UTF-8: {err.reason}") from None
-        return self.service.spawn(
-            program=_BASH,
-            argv=[b"bash", b"-c", command],
-            cwd=spec.workdir,
-            env=self._child_env(spec),
-            stdin=stdin,
-            stdout_cap=stdout_cap,
-            stderr_cap=self.max_output_bytes,
-            spill_cap=self.max_spill_bytes,
-            grace_ms=self.grace_ms,
-            ruleset=ruleset,
-        )
+        if len(command) > MAX_COMMAND_BYTES:
+            raise _invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
+        conf = self._prepare(spec)
+        script_fd = None
+        try:
+            if len(command) > _MAX_ARG_BYTES:
+                # Beyond one argument's limit: bash reads the script from a sealed memfd.
+                script_fd = _script_memfd(command)
+                argv = [b"bash", b"/dev/fd/3"]
+            else:
+                argv = [b"bash", b"-c", command]
+            proc = self.service.spawn(
+                program=_BASH,
+                argv=argv,
+                cwd=spec.workdir,
+                env=self._child_env(spec, conf),
+                stdin=stdin,
+                stdout_cap=stdout_cap,
+                stderr_cap=self.max_output_bytes,
+                spill_cap=self.max_spill_bytes,
+                grace_ms=self.grace_ms,
+                ruleset=conf.ruleset,
+                script_fd=script_fd,
+            )
+        except BaseException:
+            conf.settle()
+            raise
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
+        if conf.cleanup is not None:
+            self.service.add_done_callback(proc, conf.settle)
+        return proc
 
     def _result(self, spec: ShellExecSpec, proc: _core.Proc, cause: Cause | None) -> ShellRunResult:
         finished = proc.result()
         assert finished is not None, "a result is built only for a finished process"
         (exit_code, signum, duration_ms, leftover, *_), out, err = finished
+        stdout = _collected(out)
         stderr = _collected(err)
         return ShellRunResult(
             exit_code=exit_code,
@@ -285,11 +423,11 @@ class LocalShellExecutor(ShellExecutor):
             timed_out=cause == "timeout",
             aborted=cause == "abort",
             timeout_ms=spec.timeout_ms,
-            stdout=_collected(out),
+            stdout=stdout,
             stderr=stderr,
             duration_ms=duration_ms,
             leftover_killed=leftover,
-            sandbox=self._sandbox_info(spec, exit_code, stderr.text),
+            sandbox=self._sandbox_info(spec, exit_code, stdout.text, stderr.text),
         )
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
@@ -370,8 +508,8 @@ class LocalShellExecutor(ShellExecutor):
         stamp = None
         if self.sandbox_mode is not None:
 
-            def stamp(exit_code: int | None, stderr_tail: str) -> ShellSandboxInfo:
-                info = self._sandbox_info(spec, exit_code, stderr_tail)
+            def stamp(exit_code: int | None, stdout_tail: str, stderr_tail: str) -> ShellSandboxInfo:
+                info = self._sandbox_info(spec, exit_code, stdout_tail, stderr_tail)
                 assert info is not None
                 return info
 

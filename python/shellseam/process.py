@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 STDERR_SECTION = "\n[stderr]\n"
 
-#: Derives the sandbox facts of a settled process from its exit code and stderr tail.
-SandboxStamp = Callable[[int | None, str], ShellSandboxInfo]
+#: Derives the sandbox facts of a settled process from its exit code and output tails.
+SandboxStamp = Callable[[int | None, str, str], ShellSandboxInfo]
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -96,8 +96,8 @@ class ShellProcess:
                 outcome = self._proc.outcome()
                 if outcome is None:
                     return None
-                stderr_tail = self._proc.collected()[1][0]
-                self._sandbox = self._stamp(outcome[0], stderr_tail)
+                collected = self._proc.collected()
+                self._sandbox = self._stamp(outcome[0], collected[0][0], collected[1][0])
             return self._sandbox
 
     # -- reading -----------------------------------------------------------------------

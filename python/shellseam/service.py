@@ -13,6 +13,7 @@ import asyncio
 import atexit
 import logging
 import os
+import stat
 import tempfile
 import threading
 import weakref
@@ -47,12 +48,58 @@ class _LoopWaiters:
                     fut.set_result(None)
 
 
+def _private_dir(path: str) -> bool:
+    """Creates ``path`` (0700) if needed; True when it is a real directory of ours."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+
+
+def default_spill_parent() -> str:
+    """Where spill directories go: ``$XDG_CACHE_HOME/shellseam``, else
+    ``~/.cache/shellseam``, else ``/var/tmp/shellseam-<uid>``, else the temp dir. The first
+    two lie outside every confined mode's default writable roots."""
+    candidates = []
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        candidates.append(os.path.join(xdg, "shellseam"))
+    home = os.path.expanduser("~")
+    if os.path.isabs(home):
+        candidates.append(os.path.join(home, ".cache", "shellseam"))
+    candidates.append(f"/var/tmp/shellseam-{os.geteuid()}")
+    for candidate in candidates:
+        if _private_dir(candidate):
+            return candidate
+    return tempfile.gettempdir()
+
+
+def _check_spill_total(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_spill_total_bytes must be an int, got {type(value).__name__}")
+    if value < 0 or value >= 2**64:
+        raise ValueError(f"max_spill_total_bytes must be in [0, 2**64), got {value}")
+    return value
+
+
 class SubprocessService:
     """Owns the native supervisor and every process spawned through it."""
 
-    def __init__(self, *, spill_parent: str | None = None, keep_spill: bool = False) -> None:
-        parent = spill_parent if spill_parent is not None else tempfile.gettempdir()
-        self._supervisor = _core.Supervisor(parent)
+    def __init__(
+        self,
+        *,
+        spill_parent: str | None = None,
+        max_spill_total_bytes: int = 2**30,
+        keep_spill: bool = False,
+    ) -> None:
+        if spill_parent is not None and not isinstance(spill_parent, str):
+            raise TypeError(f"spill_parent must be str, got {type(spill_parent).__name__}")
+        parent = spill_parent if spill_parent is not None else default_spill_parent()
+        self.spill_parent = os.path.abspath(parent)
+        self.max_spill_total_bytes = _check_spill_total(max_spill_total_bytes)
+        self._supervisor = _core.Supervisor(self.spill_parent, self.max_spill_total_bytes)
         self.keep_spill = keep_spill
         self._lock = threading.Lock()
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
@@ -74,6 +121,12 @@ class SubprocessService:
         return self._supervisor.spill_dir
 
     @property
+    def spill_location(self) -> str:
+        """The spill directory, or before the first spill the parent it will be made in
+        (what a confined call's writable roots must not contain)."""
+        return self._supervisor.spill_dir or self.spill_parent
+
+    @property
     def running(self) -> int:
         """Processes not yet settled."""
         return self._supervisor.running
@@ -93,6 +146,7 @@ class SubprocessService:
         spill_cap: int,
         grace_ms: int,
         ruleset: _core.Ruleset | None = None,
+        script_fd: int | None = None,
     ) -> _core.Proc:
         """Spawns one process group; raises ``ShellError`` with an exact reason."""
         try:
@@ -111,6 +165,7 @@ class SubprocessService:
                 spill_cap=spill_cap,
                 grace_ms=grace_ms,
                 ruleset=ruleset,
+                script_fd=script_fd,
             )
         except _core.DisposedError:
             raise ShellError(DISPOSED, "the subprocess service has been disposed") from None

@@ -24,9 +24,12 @@ pub struct Supervisor {
 #[pymethods]
 impl Supervisor {
     #[new]
-    fn new(spill_parent: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (spill_parent, spill_total=u64::MAX))]
+    fn new(spill_parent: PathBuf, spill_total: u64) -> PyResult<Self> {
         Ok(Self {
-            inner: Arc::new(Service::new(spill_parent).map_err(CoreError::Io)?),
+            inner: Arc::new(
+                Service::with_spill_total(spill_parent, spill_total).map_err(CoreError::Io)?,
+            ),
         })
     }
 

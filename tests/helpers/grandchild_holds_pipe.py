@@ -5,7 +5,11 @@ import sys
 import time
 
 if os.fork() == 0:
-    print(f"grandchild {os.getpid()}", flush=True)
+    # One write per line: print() writes the text and the newline separately when
+    # PYTHONUNBUFFERED is set, and the two processes' writes would interleave.
+    sys.stdout.write(f"grandchild {os.getpid()}\n")
+    sys.stdout.flush()
     time.sleep(60)
     sys.exit(0)
-print("parent done", flush=True)
+sys.stdout.write("parent done\n")
+sys.stdout.flush()
