@@ -69,9 +69,11 @@ DEFAULT_ALLOW_ENV: tuple[str, ...] = (
 _MAX_ARG_BYTES = 128 * 1024 - 1
 #: The longest command accepted.
 MAX_COMMAND_BYTES = 16 * 2**20
-#: Read first by a long command's script: `$0` as `bash -c` sets it, the script fd closed.
-#: On the script's first line, so `$LINENO` counts as in `bash -c`.
-_SCRIPT_PREFIX = b"BASH_ARGV0=bash; exec 3<&-; "
+#: How bash runs a long command: it reads the script from fd 3 (a sealed memfd) and
+#: evaluates it with fd 3 closed. `$0`, `$LINENO`, error messages ("bash: line N: …"),
+#: `set -e` and exit codes read as with `bash -c <command>` (a script file or `source`
+#: would name /dev/fd/3 in `$0`-style messages and BASH_SOURCE).
+_LONG_COMMAND_STUB = b'eval "$(</dev/fd/3)" 3<&-'
 
 Cause = Literal["timeout", "abort"]
 
@@ -196,10 +198,10 @@ def _names(value: object, name: str) -> tuple[str, ...]:
 
 
 def _script_memfd(command: bytes) -> int:
-    """A sealed memfd holding a long command (with the prefix that keeps `$0` as is)."""
+    """A sealed memfd holding a long command."""
     fd = os.memfd_create("shellseam-command", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        view = memoryview(_SCRIPT_PREFIX + command)
+        view = memoryview(command)
         while view:
             view = view[os.write(fd, view) :]
         fcntl.fcntl(
@@ -385,7 +387,7 @@ class LocalShellExecutor(ShellExecutor):
             if len(command) > _MAX_ARG_BYTES:
                 # Beyond one argument's limit: bash reads the script from a sealed memfd.
                 script_fd = _script_memfd(command)
-                argv = [b"bash", b"/dev/fd/3"]
+                argv = [b"bash", b"-c", _LONG_COMMAND_STUB]
             else:
                 argv = [b"bash", b"-c", command]
             proc = self.service.spawn(
