@@ -104,6 +104,17 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+impl BuildError {
+    /// The errno behind the failure, when a syscall gave one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Self::Unsupported => Some(libc::EOPNOTSUPP),
+            Self::Io(e) => e.raw_os_error(),
+            Self::Ruleset(_) => None,
+        }
+    }
+}
+
 impl From<landlock::RulesetError> for BuildError {
     fn from(e: landlock::RulesetError) -> Self {
         Self::Ruleset(e)

@@ -17,12 +17,19 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from . import _core
 from .abort import AbortSignal
-from .errors import DISPOSED, INVALID_REQUEST, ShellError
+from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
-from .service import SubprocessService, default_service
+from .service import (
+    ChildEnv,
+    Collected,
+    EnvBuilder,
+    ManagedProcess,
+    Ruleset,
+    SubprocessService,
+    default_service,
+)
 from .types import (
     CollectedOutput,
     SandboxMode,
@@ -98,9 +105,9 @@ class Confinement:
 
     def __init__(
         self,
-        ruleset: _core.Ruleset | None = None,
+        ruleset: Ruleset | None = None,
         env: Sequence[tuple[bytes, bytes]] = (),
-        env_builder: _core.EnvBuilder | None = None,
+        env_builder: EnvBuilder | None = None,
         cleanup: Callable[[], None] | None = None,
     ) -> None:
         self.ruleset = ruleset
@@ -126,7 +133,7 @@ class _FirstCause:
 
     __slots__ = ("_lock", "_proc", "cause")
 
-    def __init__(self, proc: _core.Proc) -> None:
+    def __init__(self, proc: ManagedProcess) -> None:
         self._lock = threading.Lock()
         self._proc = proc
         self.cause: Cause | None = None
@@ -220,9 +227,8 @@ def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[byt
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
 
 
-def _collected(raw: tuple[str, bool, str | None, int, bool]) -> CollectedOutput:
-    text, truncated, spill_path, total_bytes, spill_truncated = raw
-    return CollectedOutput(text, truncated, spill_path, total_bytes, spill_truncated)
+def _collected(c: Collected) -> CollectedOutput:
+    return CollectedOutput(c.text, c.truncated, c.spill_path, c.total_bytes, c.spill_truncated)
 
 
 _EMPTY = CollectedOutput(
@@ -272,8 +278,8 @@ class LocalShellExecutor(ShellExecutor):
         self._service = service
         self._env = self._env_builder(())
 
-    def _env_builder(self, drop_names: Sequence[bytes]) -> _core.EnvBuilder:
-        return _core.EnvBuilder(
+    def _env_builder(self, drop_names: Sequence[bytes]) -> EnvBuilder:
+        return EnvBuilder(
             list(self.scrub_patterns),
             self.managed_prefix,
             [*_STARTUP_FILE_VARS, *drop_names],
@@ -348,9 +354,7 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- spawning ----------------------------------------------------------------------
 
-    def _child_env(
-        self, spec: ShellExecSpec, confinement: Confinement | None = None
-    ) -> _core.Env:
+    def _child_env(self, spec: ShellExecSpec, confinement: Confinement | None = None) -> ChildEnv:
         # posix.environ is the bytes dict behind os.environ (kept current by it); the
         # builder caches the filtered inherited layer until that dict changes. A confined
         # call's own variables (TMPDIR, caches) come before the caller's env, which wins.
@@ -373,7 +377,7 @@ class LocalShellExecutor(ShellExecutor):
         finally:
             conf.settle()
 
-    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> _core.Proc:
+    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> ManagedProcess:
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
@@ -410,26 +414,29 @@ class LocalShellExecutor(ShellExecutor):
             if script_fd is not None:
                 os.close(script_fd)
         if conf.cleanup is not None:
-            self.service.add_done_callback(proc, conf.settle)
+            proc.add_done_callback(conf.settle)
         return proc
 
-    def _result(self, spec: ShellExecSpec, proc: _core.Proc, cause: Cause | None) -> ShellRunResult:
+    def _result(
+        self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
+    ) -> ShellRunResult:
         finished = proc.result()
         assert finished is not None, "a result is built only for a finished process"
-        (exit_code, signum, duration_ms, leftover, *_), out, err = finished
-        stdout = _collected(out)
-        stderr = _collected(err)
+        outcome = finished.outcome
+        stdout = _collected(finished.stdout)
+        stderr = _collected(finished.stderr)
         return ShellRunResult(
-            exit_code=exit_code,
-            signal=signal_name(signum),
+            exit_code=outcome.exit_code,
+            signal=signal_name(outcome.signal),
             timed_out=cause == "timeout",
             aborted=cause == "abort",
             timeout_ms=spec.timeout_ms,
             stdout=stdout,
             stderr=stderr,
-            duration_ms=duration_ms,
-            leftover_killed=leftover,
-            sandbox=self._sandbox_info(spec, exit_code, stdout.text, stderr.text),
+            duration_ms=outcome.duration_ms,
+            leftover_killed=outcome.leftover_killed,
+            sandbox=self._sandbox_info(spec, outcome.exit_code, stdout.text, stderr.text),
+            exit_status_unknown=outcome.exit_status_unknown,
         )
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
@@ -474,14 +481,13 @@ class LocalShellExecutor(ShellExecutor):
         first = _FirstCause(proc)
         timer = asyncio.get_running_loop().call_later(spec.timeout_ms / 1000, first.on_timeout)
         remove = first.watch(spec.signal)
-        service = self.service
         try:
-            await service.wait_async(proc)
+            await proc.wait_async()
         except asyncio.CancelledError:
             proc.kill()
             while not proc.done:
                 try:
-                    await service.wait_async(proc)
+                    await proc.wait_async()
                 except asyncio.CancelledError:
                     continue
             raise
@@ -493,18 +499,16 @@ class LocalShellExecutor(ShellExecutor):
     # -- background --------------------------------------------------------------------
 
     def start(self, spec: ShellExecSpec) -> ShellProcess:
-        service = self.service
         try:
             proc = self._spawn(spec, self.max_output_bytes)
         except ShellError as err:
-            if err.code == "DISPOSED":
+            if err.code == DISPOSED:
                 raise
             return ShellProcess(
-                service=service,
                 proc=None,
                 spawn_failure=err.reason,
                 failed_sandbox=(
-                    self._runner_failed_info(spec) if err.code == "SANDBOX_UNAVAILABLE" else None
+                    self._runner_failed_info(spec) if err.code == SANDBOX_UNAVAILABLE else None
                 ),
             )
         stamp = None
@@ -515,4 +519,4 @@ class LocalShellExecutor(ShellExecutor):
                 assert info is not None
                 return info
 
-        return ShellProcess(service=service, proc=proc, sandbox_stamp=stamp)
+        return ShellProcess(proc=proc, sandbox_stamp=stamp)

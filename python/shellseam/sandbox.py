@@ -25,10 +25,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from . import _core
+from . import service as native
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
-from .service import SubprocessService
+from .service import Ruleset, SubprocessService
 from .types import (
     SANDBOX_MODES,
     SandboxEnforcement,
@@ -67,7 +67,7 @@ Identity = tuple[int, int]
 
 def landlock_abi() -> int:
     """The running kernel's Landlock ABI (0: none)."""
-    return _core.landlock_abi()
+    return native.landlock_abi()
 
 
 def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforcement | None:
@@ -75,7 +75,7 @@ def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforceme
     requested feature, or Landlock altogether, is missing); None when nothing is confined."""
     if mode == "danger-full-access":
         return None
-    return "partial" if _core.landlock_missing(network) else "full"
+    return "partial" if native.landlock_missing(network) else "full"
 
 
 def _refuse(reason: str) -> ShellError:
@@ -184,7 +184,7 @@ def make_harness_non_dumpable() -> None:
     global _protected
     with _protect_lock:
         if not _protected:
-            _core.protect_harness()
+            native.protect_harness()
             _protected = True
 
 
@@ -212,7 +212,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         self.sandbox_mode = mode
         self.protect_harness = protect_harness
         self._pins = _PinnedRoots()
-        self._rulesets: OrderedDict[object, _core.Ruleset] = OrderedDict()
+        self._rulesets: OrderedDict[object, Ruleset] = OrderedDict()
         self._rulesets_lock = threading.Lock()
         self._confined_env = self._env_builder(_CONFINED_DROPS)
         if protect_harness:
@@ -309,7 +309,7 @@ class SandboxShellExecutor(LocalShellExecutor):
 
     def _cached_ruleset(
         self, idents: list[Identity], network: bool, *, read_only: bool
-    ) -> _core.Ruleset:
+    ) -> Ruleset:
         # A confinement can be applied by any number of children: reuse it while the roots
         # are the same pinned directories.
         key = (tuple(sorted(idents)), network, read_only)
@@ -325,11 +325,8 @@ class SandboxShellExecutor(LocalShellExecutor):
                 self._rulesets.popitem(last=False)
         return ruleset
 
-    def _build(self, idents: list[Identity], network: bool, read_only: bool) -> _core.Ruleset:
-        try:
-            return _core.build_ruleset([self._pins.fd(i) for i in idents], network, read_only)
-        except _core.SandboxError as err:
-            raise _refuse(str(err)) from None
+    def _build(self, idents: list[Identity], network: bool, read_only: bool) -> Ruleset:
+        return native.build_ruleset([self._pins.fd(i) for i in idents], network, read_only)
 
     def _prepare_read_only(
         self, spec: ShellExecSpec, policy: SandboxPolicy, service: SubprocessService
@@ -341,12 +338,9 @@ class SandboxShellExecutor(LocalShellExecutor):
         try:
             fd = os.open(tmpdir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                ruleset = _core.build_ruleset([fd], policy.network, True)
+                ruleset = native.build_ruleset([fd], policy.network, True)
             finally:
                 os.close(fd)
-        except _core.SandboxError as err:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-            raise _refuse(str(err)) from None
         except BaseException:
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise
@@ -395,15 +389,15 @@ def _absolute(path: object, name: str) -> str:
 def sandbox_facts(service: SubprocessService | None = None) -> list[str]:
     """What ``shellseam doctor`` says about confinement on this kernel and harness."""
     abi = landlock_abi()
-    can_setpcap, _last_cap = _core.capability_facts()
+    can_setpcap, _last_cap = native.capability_facts()
     lines = [f"landlock abi: {abi}" + ("" if abi else " (confined modes are refused)")]
     for mode in ("read-only", "workspace-write"):
         for network in (True, False):
-            missing = _core.landlock_missing(network)
+            missing = native.landlock_missing(network)
             state = "partial" if missing else "full"
             detail = f" (missing: {'; '.join(missing)})" if missing else ""
             lines.append(f"{mode} network={network}: {state}{detail}")
-    rights = _core.landlock_fs_rights()
+    rights = native.landlock_fs_rights()
     lines.append(f"kernel fs rights: {', '.join(rights) if rights else 'none'}")
     lines.append(
         "privileges: every capability dropped, securebits locked, no_new_privs"
@@ -414,7 +408,7 @@ def sandbox_facts(service: SubprocessService | None = None) -> list[str]:
         "in read-only; keyrings, io_uring, new namespaces, TIOCSTI/TIOCLINUX always refused"
     )
     lines.append("harness protection: non-dumpable once a SandboxShellExecutor is built "
-                 f"(now dumpable: {_core.harness_dumpable()})")
+                 f"(now dumpable: {native.harness_dumpable()})")
     lines.append("denial detection: heuristic (permission signatures in the output tails)")
     lines.append("a confined command can still:")
     lines.append("  - connect to pathname unix sockets it can see when network=True "

@@ -55,7 +55,10 @@ pub(crate) fn build_ruleset(
             let roots: Vec<BorrowedFd<'_>> = owned.iter().map(|f| f.as_fd()).collect();
             Confinement::build(&roots, network, read_only)
         })
-        .map_err(|e| SandboxError::new_err(e.to_string()))?;
+        .map_err(|e| {
+            let errno = e.raw_os_error().unwrap_or(0);
+            SandboxError::new_err(("SANDBOX_UNAVAILABLE", e.to_string(), errno, Some("sandbox")))
+        })?;
     Ok(Ruleset {
         enforcement: conf.enforcement().name(),
         missing: conf.missing().to_vec(),
