@@ -5,6 +5,7 @@
 pub mod collector;
 pub mod confine;
 pub mod env;
+pub mod forksafe;
 pub mod errors;
 pub mod kill;
 pub mod landlock;

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
+use crate::forksafe::ForkClosed;
 use crate::collector::{Collector, SpillOpener};
 
 /// Bytes read per `read` call while draining.
@@ -44,7 +45,7 @@ pub fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
 /// One output stream of a process: its pipe (None once closed), its epoll registration
 /// key and its collector.
 pub(crate) struct OutStream {
-    pub fd: Option<OwnedFd>,
+    pub fd: Option<ForkClosed>,
     pub key: Option<u64>,
     pub collector: Collector,
     grown: bool,
@@ -53,7 +54,7 @@ pub(crate) struct OutStream {
 impl OutStream {
     pub fn new(fd: OwnedFd, collector: Collector) -> Self {
         Self {
-            fd: Some(fd),
+            fd: Some(ForkClosed::new(fd)),
             key: None,
             collector,
             grown: false,
@@ -97,7 +98,7 @@ impl OutStream {
 
 /// The bytes still to be written to a process's stdin, and its pipe.
 pub(crate) struct StdinFeed {
-    pub fd: Option<OwnedFd>,
+    pub fd: Option<ForkClosed>,
     pub key: Option<u64>,
     data: Vec<u8>,
     off: usize,
@@ -106,7 +107,7 @@ pub(crate) struct StdinFeed {
 impl StdinFeed {
     pub fn new(fd: OwnedFd, data: Vec<u8>) -> Self {
         Self {
-            fd: Some(fd),
+            fd: Some(ForkClosed::new(fd)),
             key: None,
             data,
             off: 0,
@@ -134,6 +135,6 @@ impl StdinFeed {
     /// Drops the pipe and the unwritten bytes.
     pub fn close(&mut self) -> Option<OwnedFd> {
         self.data = Vec::new();
-        self.fd.take()
+        self.fd.take().map(ForkClosed::into_inner)
     }
 }

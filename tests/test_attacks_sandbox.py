@@ -579,3 +579,42 @@ def test_long_command_errors_read_like_bash_c(svc: SubprocessService) -> None:
     # The script's fd is not inherited by the command.
     r = run(ex, "ls /proc/self/fd | sort -n | tr '\\n' ' '\n" + pad)
     assert r.stdout.text == "0 1 2 3 "  # 3 is ls's own directory fd
+
+
+# -- 9. process-group id reuse ---------------------------------------------------------------
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+@needs_root
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="cannot steer pid allocation")
+def test_9_a_reused_group_id_is_never_signalled(svc: SubprocessService) -> None:
+    """The shell exits while an escaped process (another session) holds its pipes: its group
+    is empty during the drain. Steering the next pid onto the group's id must not work (the
+    leader stays unreaped) — and if it did, the end of the drain would SIGTERM a stranger."""
+    ex = LocalShellExecutor(service=svc, grace_ms=1500)
+    proc = ex.start(ex.resolve(ShellExecRequest(command="setsid sleep 30 & echo $! $$")))
+    out = ""
+    deadline = time.monotonic() + 5
+    while out.count(" ") < 1 or not out.endswith("\n"):
+        out += proc.read_output().delta
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    escapee, leader = (int(x) for x in out.split())
+    victims: list[subprocess.Popen[bytes]] = []
+    try:
+        time.sleep(0.2)  # the shell has exited; the escapee keeps the pipes open
+        for _ in range(20):
+            with open(NS_LAST_PID, "w") as f:
+                f.write(str(leader - 1))
+            v = subprocess.Popen(["sleep", "30"], start_new_session=True)
+            victims.append(v)
+            assert v.pid != leader, "the group id of a running call was handed out again"
+        assert proc.wait_sync(10)
+        assert all(v.poll() is None for v in victims), "a stranger was signalled"
+        assert proc.exit_code == 0
+    finally:
+        for v in victims:
+            v.kill()
+            v.wait()
+        os.kill(escapee, 9)

@@ -22,6 +22,9 @@ __all__ = [
     "Supervisor",
     "build_ruleset",
     "capability_facts",
+    "fork_child",
+    "fork_parent",
+    "fork_prepare",
     "harness_dumpable",
     "landlock_abi",
     "landlock_fs_rights",
@@ -219,6 +222,12 @@ class Supervisor:
 def build_ruleset(writable_root_fds: list[int], network: bool, read_only: bool) -> Ruleset:
     """The confinement of a mode: Landlock rules from pinned directory fds, the seccomp
     filter and the privilege drop, applied by every child spawned with it."""
+def fork_prepare() -> None:
+    """Before os.fork(): holds the registry of the services' pipe ends."""
+def fork_parent() -> None:
+    """After os.fork() in the parent."""
+def fork_child() -> None:
+    """After os.fork() in the child: the services' pipe ends now name /dev/null."""
 def capability_facts() -> tuple[bool, int]:
     """(harness holds CAP_SETPCAP, highest capability number)."""
 def protect_harness() -> None:

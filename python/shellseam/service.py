@@ -387,6 +387,11 @@ def _forget_default_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_default_after_fork)
+# A forked child closes every service's pipe ends (a copy of a command's stdin write end
+# would keep the command waiting for EOF until the child exits).
+os.register_at_fork(
+    before=_core.fork_prepare, after_in_parent=_core.fork_parent, after_in_child=_core.fork_child
+)
 
 
 def default_service() -> SubprocessService:
