@@ -21,7 +21,8 @@ pub const LOCKED_SECUREBITS: libc::c_ulong = (libc::SECBIT_NOROOT
     | libc::SECBIT_NO_SETUID_FIXUP_LOCKED
     | libc::SECBIT_KEEP_CAPS_LOCKED
     | libc::SECBIT_NO_CAP_AMBIENT_RAISE
-    | libc::SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED) as libc::c_ulong;
+    | libc::SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED)
+    as libc::c_ulong;
 
 /// What this process may do about its children's capabilities (read once).
 #[derive(Debug, Clone, Copy)]
@@ -141,7 +142,10 @@ mod tests {
     fn facts_are_read_and_stable() {
         let a = capability_facts();
         let b = capability_facts();
-        assert!(a.last_cap >= 37, "every supported kernel knows CAP_AUDIT_READ");
+        assert!(
+            a.last_cap >= 37,
+            "every supported kernel knows CAP_AUDIT_READ"
+        );
         assert_eq!(a.can_setpcap, b.can_setpcap);
     }
 }

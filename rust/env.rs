@@ -495,7 +495,18 @@ mod tests {
             (b"API_KEY".to_vec(), b"x".to_vec()),
             (b"HOME".to_vec(), b"/root".to_vec()),
         ];
-        let kept: Vec<Vec<u8>> = policy.kept_base(&base).into_iter().map(|(k, _)| k).collect();
-        assert_eq!(kept, vec![b"MIRROR".to_vec(), b"KEYBOARD_LAYOUT".to_vec(), b"HOME".to_vec()]);
+        let kept: Vec<Vec<u8>> = policy
+            .kept_base(&base)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                b"MIRROR".to_vec(),
+                b"KEYBOARD_LAYOUT".to_vec(),
+                b"HOME".to_vec()
+            ]
+        );
     }
 }

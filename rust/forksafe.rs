@@ -91,12 +91,7 @@ pub fn child() {
             return;
         };
         // SAFETY: opening /dev/null has no memory-safety preconditions.
-        let null = unsafe {
-            libc::open(
-                c"/dev/null".as_ptr(),
-                libc::O_RDWR | libc::O_CLOEXEC,
-            )
-        };
+        let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         for &fd in guard.iter() {
             if null >= 0 {
                 // SAFETY: dup3 onto an fd number this process holds open (registered

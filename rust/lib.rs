@@ -5,8 +5,8 @@
 pub mod collector;
 pub mod confine;
 pub mod env;
-pub mod forksafe;
 pub mod errors;
+pub mod forksafe;
 pub mod kill;
 pub mod landlock;
 mod lifecycle;

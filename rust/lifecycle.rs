@@ -9,10 +9,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
+use crate::forksafe::ForkClosed;
 use crate::kill::{count_group, group_alive, signal_group};
 use crate::pipes::OutStream;
 use crate::process::{LeaderExit, Proc, ProcState};
-use crate::forksafe::ForkClosed;
 use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
 
 /// How often the group of a process in its Reaping phase is polled (no event exists for

@@ -7,8 +7,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
-use crate::forksafe::ForkClosed;
 use crate::collector::{Collector, SpillOpener};
+use crate::forksafe::ForkClosed;
 
 /// Bytes read per `read` call while draining.
 pub(crate) const READ_CHUNK: usize = 1 << 20;

@@ -231,8 +231,14 @@ mod tests {
         }
         let ioctl = libc::SYS_ioctl as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]), EPERM);
-        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCSTI as u32]), EPERM);
-        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, libc::TCGETS as u32]), RET_ALLOW);
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCSTI as u32]),
+            EPERM
+        );
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, libc::TCGETS as u32]),
+            RET_ALLOW
+        );
     }
 
     #[test]
@@ -257,8 +263,14 @@ mod tests {
         let enosys = RET_ERRNO | libc::ENOSYS as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone3, [0, 0]), enosys);
         let ioctl = libc::SYS_ioctl as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]), RET_ALLOW);
-        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCLINUX as u32]), EPERM);
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCLINUX as u32]),
+            EPERM
+        );
         let keyctl = libc::SYS_keyctl as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, keyctl, [0, 0]), EPERM);
     }

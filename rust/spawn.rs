@@ -210,17 +210,29 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     // The header is read by the child through a pointer into `args`.
     args.confine.cap_header.pid = 0;
 
-    CHILD_STACK.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(ChildStack::new().map_err(|e| SpawnError::from_io(SpawnStage::Clone, &e))?);
-        }
-        match slot.as_ref() {
-            Some(stack) => clone_child(&args, stack.top()),
-            None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
-        }
-    })
-    .and_then(|(pid, pidfd)| finish_spawn(pid, pidfd, report_r, report_w, (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)))
+    CHILD_STACK
+        .with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(
+                    ChildStack::new().map_err(|e| SpawnError::from_io(SpawnStage::Clone, &e))?,
+                );
+            }
+            match slot.as_ref() {
+                Some(stack) => clone_child(&args, stack.top()),
+                None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
+            }
+        })
+        .and_then(|(pid, pidfd)| {
+            finish_spawn(
+                pid,
+                pidfd,
+                report_r,
+                report_w,
+                (stdin_r, stdout_w, stderr_w),
+                (stdin_w, stdout_r, stderr_r),
+            )
+        })
 }
 
 /// Clones the child on `top` and returns (pid, pidfd); the parent resumes after exec/exit.

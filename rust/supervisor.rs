@@ -17,12 +17,12 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::errors::{CoreError, SpawnError, SpawnStage};
+use crate::forksafe::ForkClosed;
 use crate::kill::signal_group;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::READ_CHUNK;
 use crate::process::{Proc, ProcConfig};
 use crate::spawn::{spawn, SpawnPlan};
-use crate::forksafe::ForkClosed;
 use crate::spill::SpillDir;
 use crate::sys::{
     block_signals_in_this_thread, epoll_add, epoll_create, epoll_del, epoll_event_buffer,
@@ -210,8 +210,14 @@ impl Service {
             let mut st = lock(&proc.state);
             let st = &mut *st;
             let owned = [
-                (st.stdout.fd.take().map(ForkClosed::into_inner), st.stdout.key.take()),
-                (st.stderr.fd.take().map(ForkClosed::into_inner), st.stderr.key.take()),
+                (
+                    st.stdout.fd.take().map(ForkClosed::into_inner),
+                    st.stdout.key.take(),
+                ),
+                (
+                    st.stderr.fd.take().map(ForkClosed::into_inner),
+                    st.stderr.key.take(),
+                ),
                 (st.stdin.close(), st.stdin.key.take()),
                 (st.pidfd.take(), st.pidfd_key.take()),
             ];

@@ -212,7 +212,10 @@ mod tests {
     #[test]
     fn peeking_leaves_the_zombie_for_the_reaper() {
         use std::process::Command;
-        let child = Command::new("sh").args(["-c", "exit 7"]).spawn().expect("spawn");
+        let mut child = Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .expect("spawn");
         let pid = child.id() as libc::pid_t;
         let status = loop {
             match peek_exit(pid) {
@@ -228,5 +231,6 @@ mod tests {
             _ => panic!("the peek reaped the child"),
         }
         assert!(matches!(peek_exit(pid), Peeked::Lost));
+        assert!(child.wait().is_err(), "already reaped above");
     }
 }

@@ -55,8 +55,14 @@ def box() -> Iterator[dict[str, str]]:
         f.write("precious\n")
     os.chmod(secret, 0o644)
     spill = os.path.join(base, "spill")
-    yield {"ws": ws, "ws_parent": ws_parent, "protected": protected, "file": secret,
-           "spill": spill, "base": base}
+    yield {
+        "ws": ws,
+        "ws_parent": ws_parent,
+        "protected": protected,
+        "file": secret,
+        "spill": spill,
+        "base": base,
+    }
     shutil.rmtree(ws_parent, ignore_errors=True)
     shutil.rmtree(base, ignore_errors=True)
 
@@ -68,14 +74,25 @@ def svc(box: dict[str, str]) -> Iterator[SubprocessService]:
     service.dispose()
 
 
-def sandbox(box: dict[str, str], svc: SubprocessService, mode: str = "workspace-write",
-            **config: object) -> SandboxShellExecutor:
-    return SandboxShellExecutor(mode=mode, cwd=box["ws"], grace_ms=300, service=svc,  # type: ignore[arg-type]
-                                **config)
+def sandbox(
+    box: dict[str, str], svc: SubprocessService, mode: str = "workspace-write", **config: object
+) -> SandboxShellExecutor:
+    return SandboxShellExecutor(
+        mode=mode,
+        cwd=box["ws"],
+        grace_ms=300,
+        service=svc,  # type: ignore[arg-type]
+        **config,
+    )
 
 
 def policy(box: dict[str, str], mode: str = "workspace-write", **fields: object) -> SandboxPolicy:
     return SandboxPolicy(mode=mode, workspace_root=box["ws"], **fields)  # type: ignore[arg-type]
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def py(code: str) -> str:
@@ -116,8 +133,12 @@ def test_1_swap_between_resolve_and_run_grants_nothing_new(
 def test_1_swap_through_the_bash_tool(box: dict[str, str], svc: SubprocessService) -> None:
     from shellseam import BashTool, ManagedEnvRegistry, ToolContext
 
-    tool = BashTool(sandbox(box, svc), tasks=None, env=ManagedEnvRegistry(home=box["base"]),
-                    enable_run_in_background=False)
+    tool = BashTool(
+        sandbox(box, svc),
+        tasks=None,
+        env=ManagedEnvRegistry(home=box["base"]),
+        enable_run_in_background=False,
+    )
     ctx = ToolContext(session_id="s", session_cwd=box["ws"])
     ws = box["ws"]
 
@@ -137,8 +158,10 @@ def test_1_relative_and_non_absolute_roots_are_invalid(
     box: dict[str, str], svc: SubprocessService
 ) -> None:
     ex = sandbox(box, svc)
-    for p in (policy(box, writable_roots=(".",)), SandboxPolicy(mode="read-only",
-                                                                  workspace_root="ws")):
+    for p in (
+        policy(box, writable_roots=(".",)),
+        SandboxPolicy(mode="read-only", workspace_root="ws"),
+    ):
         with pytest.raises(ShellError) as info:
             ex.resolve(ShellExecRequest(command="true", sandbox_policy=p))
         assert info.value.code == "INVALID_REQUEST"
@@ -148,8 +171,14 @@ def test_1_roots_are_resolved_to_real_paths(box: dict[str, str], svc: Subprocess
     link = os.path.join(box["ws_parent"], "link")
     os.symlink(box["ws"], link)
     ex = sandbox(box, svc)
-    spec = ex.resolve(ShellExecRequest(command="true", sandbox_policy=SandboxPolicy(
-        mode="workspace-write", workspace_root=link, writable_roots=(link + "/",))))
+    spec = ex.resolve(
+        ShellExecRequest(
+            command="true",
+            sandbox_policy=SandboxPolicy(
+                mode="workspace-write", workspace_root=link, writable_roots=(link + "/",)
+            ),
+        )
+    )
     assert spec.sandbox_policy is not None
     assert spec.sandbox_policy.workspace_root == box["ws"]
 
@@ -157,20 +186,13 @@ def test_1_roots_are_resolved_to_real_paths(box: dict[str, str], svc: Subprocess
 # -- 2. keystroke injection / terminals ------------------------------------------------
 
 
-def _session_and_tty(ex: LocalShellExecutor) -> tuple[int, int, int]:
-    r = run(ex, "cat /proc/self/stat; echo; echo $$")
-    stat_line, pid_line = r.stdout.text.split("\n")[:2]
-    fields = stat_line[stat_line.rfind(")") + 2:].split()
-    # fields: state ppid pgrp session tty_nr ...
-    return int(fields[2]), int(fields[3]), int(fields[4])
-
-
 @pytest.mark.parametrize("confined", [False, True])
 def test_2_every_command_is_a_session_leader_without_a_terminal(
     box: dict[str, str], svc: SubprocessService, confined: bool
 ) -> None:
-    ex: LocalShellExecutor = (sandbox(box, svc) if confined
-                              else LocalShellExecutor(cwd=box["ws"], service=svc))
+    ex: LocalShellExecutor = (
+        sandbox(box, svc) if confined else LocalShellExecutor(cwd=box["ws"], service=svc)
+    )
     r = run(ex, "echo $$; ps -o sid= -o tty= -p $$")
     pid, rest = r.stdout.text.split("\n", 1)
     sid, tty = rest.split()
@@ -199,11 +221,14 @@ def test_2_other_terminal_gets_no_keystrokes(
         assert "Operation not permitted" in r.stderr.text or "Permission denied" in r.stderr.text
         r = run(ex, f"printf 'id\\n' > {name}")
         assert r.exit_code != 0 and "Permission denied" in r.stderr.text
-        r = run(ex, py(f"""
+        r = run(
+            ex,
+            py(f"""
             import fcntl, os, struct
             fd = os.open({name!r}, os.O_RDONLY | os.O_NOCTTY)
             fcntl.ioctl(fd, 0x541C, struct.pack("B", 12))  # TIOCLINUX
-        """))
+        """),
+        )
         assert r.exit_code != 0
         # Nothing reached the terminal's input queue nor its screen.
         readable, _, _ = select.select([slave, master], [], [], 0.2)
@@ -238,14 +263,20 @@ def test_3_pathname_unix_socket_refused_without_network(
         server.listen(1)
         server.settimeout(0.3)
         ex = sandbox(box, svc, "read-only")
-        r = run(ex, py(f"import socket; socket.socket(socket.AF_UNIX).connect({path!r})"),
-                sandbox_policy=policy(box, "read-only", network=False))
+        r = run(
+            ex,
+            py(f"import socket; socket.socket(socket.AF_UNIX).connect({path!r})"),
+            sandbox_policy=policy(box, "read-only", network=False),
+        )
         assert r.exit_code != 0 and "Operation not permitted" in r.stderr.text
         with pytest.raises(TimeoutError):
             server.accept()
         # socketpair still works.
-        r = run(ex, py("import socket; a, b = socket.socketpair(); a.send(b'x'); print(b.recv(1))"),
-                sandbox_policy=policy(box, "read-only", network=False))
+        r = run(
+            ex,
+            py("import socket; a, b = socket.socketpair(); a.send(b'x'); print(b.recv(1))"),
+            sandbox_policy=policy(box, "read-only", network=False),
+        )
         assert r.stdout.text == "b'x'\n"
 
 
@@ -291,9 +322,15 @@ def test_5_no_capabilities_no_new_privs_seccomp(
     ex = sandbox(box, svc, mode)
     r = run(ex, "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status")
     got = dict(line.split(":\t") for line in r.stdout.text.splitlines())
-    assert got == {"CapInh": "0000000000000000", "CapPrm": "0000000000000000",
-                   "CapEff": "0000000000000000", "CapBnd": "0000000000000000",
-                   "CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"}
+    assert got == {
+        "CapInh": "0000000000000000",
+        "CapPrm": "0000000000000000",
+        "CapEff": "0000000000000000",
+        "CapBnd": "0000000000000000",
+        "CapAmb": "0000000000000000",
+        "NoNewPrivs": "1",
+        "Seccomp": "2",
+    }
     # Executing a set-uid-root program regains nothing (NOROOT + locked securebits).
     suid = os.path.join(box["base"], "suidpy")
     shutil.copy(os.path.realpath(PY), suid)
@@ -306,8 +343,9 @@ def test_5_no_capabilities_no_new_privs_seccomp(
 
 
 @needs_root
-@pytest.mark.parametrize("op", ["chmod 777", "chown 1:1", "touch -d 2001-01-01", "setfattr",
-                                "chattr"])
+@pytest.mark.parametrize(
+    "op", ["chmod 777", "chown 1:1", "touch -d 2001-01-01", "setfattr", "chattr"]
+)
 def test_5_read_only_refuses_metadata_writes(
     box: dict[str, str], svc: SubprocessService, op: str
 ) -> None:
@@ -326,7 +364,11 @@ def test_5_read_only_refuses_metadata_writes(
     assert r.exit_code != 0, r
     after = os.stat(f)
     assert (after.st_mode, after.st_uid, after.st_gid, after.st_mtime_ns) == (
-        before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns)
+        before.st_mode,
+        before.st_uid,
+        before.st_gid,
+        before.st_mtime_ns,
+    )
     assert r.sandbox is not None and r.sandbox.denied
 
 
@@ -336,10 +378,10 @@ def test_5_hostname_and_rtnetlink_refused(box: dict[str, str], svc: SubprocessSe
     name = socket.gethostname()
     r = run(ex, "hostname pwned")
     assert r.exit_code != 0 and socket.gethostname() == name
-    mtu = open("/sys/class/net/lo/mtu").read()
+    mtu = _read("/sys/class/net/lo/mtu")
     r = run(ex, "ip link set lo mtu 1280")
     assert r.exit_code != 0
-    assert open("/sys/class/net/lo/mtu").read() == mtu
+    assert _read("/sys/class/net/lo/mtu") == mtu
 
 
 @needs_root
@@ -349,8 +391,11 @@ def test_5_no_packet_or_raw_sockets(
 ) -> None:
     ex = sandbox(box, svc, "read-only")
     for family, kind in (("AF_PACKET", "SOCK_RAW"), ("AF_INET", "SOCK_RAW")):
-        r = run(ex, py(f"import socket; socket.socket(socket.{family}, socket.{kind}, 3)"),
-                sandbox_policy=policy(box, "read-only", network=network))
+        r = run(
+            ex,
+            py(f"import socket; socket.socket(socket.{family}, socket.{kind}, 3)"),
+            sandbox_policy=policy(box, "read-only", network=network),
+        )
         assert r.exit_code != 0 and "Operation not permitted" in r.stderr.text, (family, r)
 
 
@@ -373,8 +418,12 @@ print(r.exit_code, repr(r.stdout.text), repr(r.stderr.text))
 
 
 def _harness(mode: str, protect: bool) -> str:
-    out = subprocess.run([PY, "-c", _HARNESS, mode, "1" if protect else "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [PY, "-c", _HARNESS, mode, "1" if protect else "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -404,7 +453,8 @@ def test_7_spill_dir_inside_a_writable_root_is_refused(box: dict[str, str]) -> N
             run(ex, "true")
         assert info.value.code == "SANDBOX_UNAVAILABLE"
         assert info.value.reason == (
-            f"spill directory {os.path.realpath(spill_parent)} lies inside writable root /tmp")
+            f"spill directory {os.path.realpath(spill_parent)} lies inside writable root /tmp"
+        )
         # read-only writes nowhere: allowed.
         assert run(sandbox(box, service, "read-only"), "true").exit_code == 0
     finally:
@@ -418,10 +468,16 @@ def test_7_confined_command_cannot_touch_the_spill_dir(
     ex = sandbox(box, svc, max_output_bytes=10)
     r = run(ex, "seq 1 100")
     path = r.stdout.spill_path
-    assert path is not None and open(path).read() == "".join(f"{i}\n" for i in range(1, 101))
+    assert path is not None and _read(path) == "".join(f"{i}\n" for i in range(1, 101))
     d = os.path.dirname(path)
-    for cmd in (f"mv {d} {d}.x", f"ln -s / {d}/link", f"echo x > {d}/new", f"rm {path}",
-                f"echo x >> {path}", f"mv {path} {box['ws']}/"):
+    for cmd in (
+        f"mv {d} {d}.x",
+        f"ln -s / {d}/link",
+        f"echo x > {d}/new",
+        f"rm {path}",
+        f"echo x >> {path}",
+        f"mv {path} {box['ws']}/",
+    ):
         assert run(ex, cmd).exit_code != 0, cmd
     assert run(ex, f"cat {path} | wc -l").stdout.text == "100\n"  # reading stays allowed
     names = os.listdir(d)  # the denials' stderr spilled too (max_output_bytes=10)
@@ -447,11 +503,15 @@ def test_8_no_datagram_or_stream_reaches_loopback(
         closed = policy(box, network=False)
         r = run(ex, f"echo leak > /dev/{proto}/127.0.0.1/{port}", sandbox_policy=closed)
         assert r.exit_code != 0 and r.sandbox is not None and r.sandbox.denied
-        r = run(ex, py(f"""
+        r = run(
+            ex,
+            py(f"""
             import socket
             s = socket.socket(socket.AF_INET6 if False else socket.AF_INET, socket.{kind.name})
             s.connect(("127.0.0.1", {port})); s.send(b"leak")
-        """), sandbox_policy=closed)
+        """),
+            sandbox_policy=closed,
+        )
         assert r.exit_code != 0
         with pytest.raises(TimeoutError):
             s.recv(10) if proto == "udp" else s.accept()
@@ -473,13 +533,22 @@ def test_10_default_patterns_and_the_url_rule(
     svc: SubprocessService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     leaked = {
-        "MYSQL_PWD": "a", "PGPASSWORD": "b", "TWINE_PASSWORD": "c", "GH_PAT": "d",
-        "AWS_CREDENTIALS_FILE": "e", "LDAP_PASSWD": "f", "DATABASE_URL": "postgres://u:p@h/db",
+        "MYSQL_PWD": "a",
+        "PGPASSWORD": "b",
+        "TWINE_PASSWORD": "c",
+        "GH_PAT": "d",
+        "AWS_CREDENTIALS_FILE": "e",
+        "LDAP_PASSWD": "f",
+        "DATABASE_URL": "postgres://u:p@h/db",
         "PIP_INDEX_URL": "https://user:tok@pypi.example/simple",
     }
-    kept = {"TOKENIZERS_PARALLELISM": "false", "KEYBOARD_LAYOUT": "us",
-            "PYTHON_KEYRING_BACKEND": "x", "PLAIN_URL": "https://example.org/a",
-            "SSH_URL": "ssh://git@github.com/x"}
+    kept = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "KEYBOARD_LAYOUT": "us",
+        "PYTHON_KEYRING_BACKEND": "x",
+        "PLAIN_URL": "https://example.org/a",
+        "SSH_URL": "ssh://git@github.com/x",
+    }
     for k, v in {**leaked, **kept}.items():
         monkeypatch.setenv(k, v)
     ex = LocalShellExecutor(service=svc)
@@ -505,8 +574,10 @@ def test_11_spill_files_share_a_total_budget(box: dict[str, str]) -> None:
         assert third.stdout.spill_truncated is True
         assert os.path.getsize(third.stdout.spill_path or "") == 0
         from shellseam import render_result
+
         assert f"[output truncated; first 0 bytes saved: {third.stdout.spill_path}]" in (
-            render_result(third))
+            render_result(third)
+        )
     finally:
         service.dispose()
 
@@ -524,8 +595,9 @@ def test_11_spill_total_is_validated() -> None:
 
 def test_12_forked_child_does_not_hold_the_stdin_pipe(svc: SubprocessService) -> None:
     ex = LocalShellExecutor(service=svc)
-    proc = ex.start(ex.resolve(ShellExecRequest(
-        command="sleep 0.3; wc -c", stdin=b"x" * (4 * 2**20))))
+    proc = ex.start(
+        ex.resolve(ShellExecRequest(command="sleep 0.3; wc -c", stdin=b"x" * (4 * 2**20)))
+    )
     pid = os.fork()
     if pid == 0:
         time.sleep(8)
@@ -546,8 +618,11 @@ def test_12_forked_child_does_not_hold_the_stdin_pipe(svc: SubprocessService) ->
 def test_long_commands_run_like_short_ones(
     box: dict[str, str], svc: SubprocessService, size: int, confined: bool
 ) -> None:
-    ex: LocalShellExecutor = (sandbox(box, svc, "read-only") if confined
-                              else LocalShellExecutor(cwd=box["ws"], service=svc))
+    ex: LocalShellExecutor = (
+        sandbox(box, svc, "read-only")
+        if confined
+        else LocalShellExecutor(cwd=box["ws"], service=svc)
+    )
     head = 'echo "$0:$LINENO"; f() { echo "in f:$LINENO"; }; f\n'
     tail = 'echo "end:$LINENO"; set -e; false; echo unreachable\n'
     filler_lines = (size - len(head) - len(tail)) // 8
@@ -555,8 +630,11 @@ def test_long_commands_run_like_short_ones(
     long = run(ex, body)
     short = run(ex, head + ": xxxxx\n" * 3 + tail)
     assert long.exit_code == short.exit_code == 1
-    assert long.stdout.text.split("\n")[:2] == short.stdout.text.split("\n")[:2] == [
-        "bash:1", "in f:1"]
+    assert (
+        long.stdout.text.split("\n")[:2]
+        == short.stdout.text.split("\n")[:2]
+        == ["bash:1", "in f:1"]
+    )
     assert long.stdout.text.split("\n")[2] == f"end:{filler_lines + 2}"
     assert long.stderr.text == short.stderr.text == ""
 
@@ -573,8 +651,11 @@ def test_long_command_errors_read_like_bash_c(svc: SubprocessService) -> None:
     pad = "#" * (200 * 1024) + "\n"
     long = run(ex, "nosuchcommand-xyz\n" + pad)
     short = run(ex, "nosuchcommand-xyz\n")
-    assert long.stderr.text == short.stderr.text == (
-        "bash: line 1: nosuchcommand-xyz: command not found\n")
+    assert (
+        long.stderr.text
+        == short.stderr.text
+        == ("bash: line 1: nosuchcommand-xyz: command not found\n")
+    )
     assert long.exit_code == 127
     # The script's fd is not inherited by the command.
     r = run(ex, "ls /proc/self/fd | sort -n | tr '\\n' ' '\n" + pad)

@@ -190,9 +190,7 @@ class Ruleset:
 
 @final
 class Supervisor:
-    def __new__(
-        cls, spill_parent: str | PathLike[str], spill_total: int = ...
-    ) -> Supervisor: ...
+    def __new__(cls, spill_parent: str | PathLike[str], spill_total: int = ...) -> Supervisor: ...
     @property
     def spill_dir(self) -> str | None: ...
     @property
@@ -222,18 +220,25 @@ class Supervisor:
 def build_ruleset(writable_root_fds: list[int], network: bool, read_only: bool) -> Ruleset:
     """The confinement of a mode: Landlock rules from pinned directory fds, the seccomp
     filter and the privilege drop, applied by every child spawned with it."""
+
 def fork_prepare() -> None:
     """Before os.fork(): holds the registry of the services' pipe ends."""
+
 def fork_parent() -> None:
     """After os.fork() in the parent."""
+
 def fork_child() -> None:
     """After os.fork() in the child: the services' pipe ends now name /dev/null."""
+
 def capability_facts() -> tuple[bool, int]:
     """(harness holds CAP_SETPCAP, highest capability number)."""
+
 def protect_harness() -> None:
     """Makes this process non-dumpable (PR_SET_DUMPABLE 0)."""
+
 def harness_dumpable() -> bool:
     """Whether this process is dumpable."""
+
 def landlock_abi() -> int: ...
 def landlock_missing(network: bool) -> list[str]: ...
 def landlock_fs_rights() -> list[str]: ...

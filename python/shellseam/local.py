@@ -514,8 +514,8 @@ class LocalShellExecutor(ShellExecutor):
         stamp = None
         if self.sandbox_mode is not None:
 
-            def stamp(exit_code: int | None, stdout_tail: str, stderr_tail: str) -> ShellSandboxInfo:
-                info = self._sandbox_info(spec, exit_code, stdout_tail, stderr_tail)
+            def stamp(exit_code: int | None, stdout: str, stderr: str) -> ShellSandboxInfo:
+                info = self._sandbox_info(spec, exit_code, stdout, stderr)
                 assert info is not None
                 return info
 

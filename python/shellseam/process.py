@@ -93,9 +93,7 @@ class ShellProcess:
                 if outcome is None:
                     return None
                 collected = self._proc.collected()
-                self._sandbox = self._stamp(
-                    outcome.exit_code, collected[0].text, collected[1].text
-                )
+                self._sandbox = self._stamp(outcome.exit_code, collected[0].text, collected[1].text)
             return self._sandbox
 
     # -- reading -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ have swapped since, and a root path that later names another directory is refuse
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from . import service as native
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
@@ -147,10 +148,8 @@ class _PinnedRoots:
 
 def _close_all(fds: dict[Identity, int]) -> None:
     for fd in fds.values():
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     fds.clear()
 
 
@@ -159,8 +158,8 @@ class _ServiceCache:
     the user's real caches: a poisoned cache would later run unconfined). Removed when
     the service is collected or the interpreter exits."""
 
-    _lock = threading.Lock()
-    _dirs: weakref.WeakKeyDictionary[SubprocessService, str] = weakref.WeakKeyDictionary()
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _dirs: ClassVar[weakref.WeakKeyDictionary[SubprocessService, str]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def path(cls, service: SubprocessService) -> str:
@@ -307,9 +306,7 @@ class SandboxShellExecutor(LocalShellExecutor):
                 idents.append(ident)
         return idents
 
-    def _cached_ruleset(
-        self, idents: list[Identity], network: bool, *, read_only: bool
-    ) -> Ruleset:
+    def _cached_ruleset(self, idents: list[Identity], network: bool, *, read_only: bool) -> Ruleset:
         # A confinement can be applied by any number of children: reuse it while the roots
         # are the same pinned directories.
         key = (tuple(sorted(idents)), network, read_only)
@@ -407,24 +404,34 @@ def sandbox_facts(service: SubprocessService | None = None) -> list[str]:
         "seccomp: sockets refused when network=False; chmod/chown/utime/xattr writes refused "
         "in read-only; keyrings, io_uring, new namespaces, TIOCSTI/TIOCLINUX always refused"
     )
-    lines.append("harness protection: non-dumpable once a SandboxShellExecutor is built "
-                 f"(now dumpable: {native.harness_dumpable()})")
+    lines.append(
+        "harness protection: non-dumpable once a SandboxShellExecutor is built "
+        f"(now dumpable: {native.harness_dumpable()})"
+    )
     lines.append("denial detection: heuristic (permission signatures in the output tails)")
     lines.append("a confined command can still:")
-    lines.append("  - connect to pathname unix sockets it can see when network=True "
-                 "(Landlock has no right for that on ABI <= 7)")
+    lines.append(
+        "  - connect to pathname unix sockets it can see when network=True "
+        "(Landlock has no right for that on ABI <= 7)"
+    )
     if os.geteuid() == 0:
-        lines.append("  - chmod/chown files owned by root outside its writable roots in "
-                     "workspace-write mode (the harness runs as root; Landlock has no right "
-                     "for metadata)")
-    lines.append("  - write .git/hooks and .git/config inside a writable workspace "
-                 "(Landlock cannot carve a read-only hole in a writable root)")
+        lines.append(
+            "  - chmod/chown files owned by root outside its writable roots in "
+            "workspace-write mode (the harness runs as root; Landlock has no right "
+            "for metadata)"
+        )
+    lines.append(
+        "  - write .git/hooks and .git/config inside a writable workspace "
+        "(Landlock cannot carve a read-only hole in a writable root)"
+    )
     svc = service
     if svc is not None:
         spill = os.path.realpath(svc.spill_location)
         lines.append(f"spill directory: {spill}")
         for root in (*_SHARED_WRITABLE, os.environ.get("TMPDIR") or ""):
             if root and _inside(spill, os.path.realpath(root)):
-                lines.append(f"  warning: it lies inside writable root {root}: "
-                             "workspace-write calls will be refused")
+                lines.append(
+                    f"  warning: it lies inside writable root {root}: "
+                    "workspace-write calls will be refused"
+                )
     return lines
