@@ -106,13 +106,26 @@ class _PinnedRoots:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._identity: dict[str, Identity] = {}
+        self._known: dict[str, tuple[str, Identity]] = {}
         self._fds: dict[Identity, int] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
 
     def pin(self, path: str) -> tuple[str, Identity] | None:
         """(real path, identity) of ``path``; None when nothing exists there (a root that
-        does not exist grants nothing and is not pinned)."""
+        does not exist grants nothing and is not pinned). A path seen before costs one
+        ``stat``: it must still name the same directory."""
+        known = self._known.get(path)
+        if known is not None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                raise _refuse(f"workspace root changed: {path}") from None
+            if (st.st_dev, st.st_ino) != known[1]:
+                raise _refuse(f"workspace root changed: {path}")
+            return known
+        return self._pin_first(path)
+
+    def _pin_first(self, path: str) -> tuple[str, Identity] | None:
         real = os.path.realpath(path)
         try:
             fd = os.open(real, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -126,8 +139,8 @@ class _PinnedRoots:
         ident = (st.st_dev, st.st_ino)
         with self._lock:
             for key in (path, real):
-                known = self._identity.get(key)
-                if known is not None and known != ident:
+                known = self._known.get(key)
+                if known is not None and known[1] != ident:
                     os.close(fd)
                     raise _refuse(f"workspace root changed: {path}")
             if ident in self._fds:
@@ -137,8 +150,8 @@ class _PinnedRoots:
                 raise _refuse(f"too many distinct sandbox roots (over {_MAX_PINNED_ROOTS})")
             else:
                 self._fds[ident] = fd
-            self._identity.setdefault(path, ident)
-            self._identity.setdefault(real, ident)
+            self._known.setdefault(path, (real, ident))
+            self._known.setdefault(real, (real, ident))
         return real, ident
 
     def fd(self, ident: Identity) -> int:
@@ -211,6 +224,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         self.sandbox_mode = mode
         self.protect_harness = protect_harness
         self._pins = _PinnedRoots()
+        self._spill_reals: dict[str, str] = {}
         self._rulesets: OrderedDict[object, Ruleset] = OrderedDict()
         self._rulesets_lock = threading.Lock()
         self._confined_env = self._env_builder(_CONFINED_DROPS)
@@ -291,7 +305,7 @@ class SandboxShellExecutor(LocalShellExecutor):
     def _writable_identities(self, roots: list[str], service: SubprocessService) -> list[Identity]:
         """Pins every writable root (refusing a swapped one) and refuses roots that contain
         the service's spill directory."""
-        spill = os.path.realpath(service.spill_location)
+        spill = self._real_spill(service.spill_location)
         idents: list[Identity] = []
         for root in roots:
             if not os.path.isabs(root):
@@ -305,6 +319,12 @@ class SandboxShellExecutor(LocalShellExecutor):
             if ident not in idents:
                 idents.append(ident)
         return idents
+
+    def _real_spill(self, location: str) -> str:
+        real = self._spill_reals.get(location)
+        if real is None:
+            real = self._spill_reals[location] = os.path.realpath(location)
+        return real
 
     def _cached_ruleset(self, idents: list[Identity], network: bool, *, read_only: bool) -> Ruleset:
         # A confinement can be applied by any number of children: reuse it while the roots
