@@ -212,14 +212,33 @@ pub fn build(policy: &Policy<'_>) -> Result<LandlockRuleset, BuildError> {
 
 /// Names of the filesystem rights this kernel can enforce, for `shellseam doctor`.
 pub fn kernel_fs_rights() -> Vec<String> {
+    const NAMES: &[(AccessFs, &str)] = &[
+        (AccessFs::Execute, "execute"),
+        (AccessFs::WriteFile, "write_file"),
+        (AccessFs::ReadFile, "read_file"),
+        (AccessFs::ReadDir, "read_dir"),
+        (AccessFs::RemoveDir, "remove_dir"),
+        (AccessFs::RemoveFile, "remove_file"),
+        (AccessFs::MakeChar, "make_char"),
+        (AccessFs::MakeDir, "make_dir"),
+        (AccessFs::MakeReg, "make_reg"),
+        (AccessFs::MakeSock, "make_sock"),
+        (AccessFs::MakeFifo, "make_fifo"),
+        (AccessFs::MakeBlock, "make_block"),
+        (AccessFs::MakeSym, "make_sym"),
+        (AccessFs::Refer, "refer"),
+        (AccessFs::Truncate, "truncate"),
+        (AccessFs::IoctlDev, "ioctl_dev"),
+    ];
     let abi = abi();
     if abi < 1 {
         return Vec::new();
     }
     let kernel = AccessFs::from_all(ABI::from(abi.min(FS_ABI as i32)));
-    kernel
+    NAMES
         .iter()
-        .map(|right| format!("{right:?}").to_lowercase())
+        .filter(|(right, _)| kernel.contains(*right))
+        .map(|(_, name)| (*name).to_string())
         .collect()
 }
 

@@ -7,7 +7,7 @@
 //! gain for a filter this small, and nothing of it runs in the child but `seccomp(2)`):
 //! - every confined mode: keyrings (`keyctl`, `add_key`, `request_key`: the harness's session
 //!   keyring is shared with its children), `io_uring` (its operations bypass seccomp: sockets,
-//!   xattrs), new namespaces (`unshare`, `setns`, `clone` with a namespace flag; `clone3`
+//!   xattrs), `bpf` and `userfaultfd` (kernel attack surface no command needs), new namespaces (`unshare`, `setns`, `clone` with a namespace flag; `clone3`
 //!   answers `ENOSYS` so libc falls back to `clone`), and the terminal ioctls `TIOCSTI` and
 //!   `TIOCLINUX` (keystroke injection);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
@@ -94,6 +94,8 @@ fn always_denied() -> Vec<i64> {
         libc::SYS_io_uring_register,
         libc::SYS_unshare,
         libc::SYS_setns,
+        libc::SYS_bpf,
+        libc::SYS_userfaultfd,
     ]
 }
 

@@ -403,55 +403,38 @@ def _absolute(path: object, name: str) -> str:
     return os.path.normpath(path)
 
 
-def sandbox_facts(service: SubprocessService | None = None) -> list[str]:
-    """What ``shellseam doctor`` says about confinement on this kernel and harness."""
-    abi = landlock_abi()
+def sandbox_facts() -> list[str]:
+    """What ``shellseam doctor`` says about confinement beyond the per-mode enforcement:
+    what every confined mode adds, and what a confined command can still do here."""
     can_setpcap, _last_cap = native.capability_facts()
-    lines = [f"landlock abi: {abi}" + ("" if abi else " (confined modes are refused)")]
-    for mode in ("read-only", "workspace-write"):
-        for network in (True, False):
-            missing = native.landlock_missing(network)
-            state = "partial" if missing else "full"
-            detail = f" (missing: {'; '.join(missing)})" if missing else ""
-            lines.append(f"{mode} network={network}: {state}{detail}")
-    rights = native.landlock_fs_rights()
-    lines.append(f"kernel fs rights: {', '.join(rights) if rights else 'none'}")
-    lines.append(
-        "privileges: every capability dropped, securebits locked, no_new_privs"
-        + ("" if can_setpcap else " (harness lacks CAP_SETPCAP: nothing to drop beyond that)")
-    )
-    lines.append(
-        "seccomp: sockets refused when network=False; chmod/chown/utime/xattr writes refused "
-        "in read-only; keyrings, io_uring, new namespaces, TIOCSTI/TIOCLINUX always refused"
-    )
-    lines.append(
-        "harness protection: non-dumpable once a SandboxShellExecutor is built "
-        f"(now dumpable: {native.harness_dumpable()})"
-    )
-    lines.append("denial detection: heuristic (permission signatures in the output tails)")
-    lines.append("a confined command can still:")
-    lines.append(
-        "  - connect to pathname unix sockets it can see when network=True "
-        "(Landlock has no right for that on ABI <= 7)"
-    )
+    lines = [
+        "confined modes add: every capability dropped (bounding set cleared"
+        + ("" if can_setpcap else ": the harness lacks CAP_SETPCAP, nothing to clear")
+        + "), securebits locked, no_new_privs, no terminal, a seccomp filter (sockets refused "
+        "when network=False; chmod/chown/utime/xattr writes refused in read-only; keyrings, "
+        "io_uring, new namespaces, TIOCSTI/TIOCLINUX always refused)",
+        "harness protection: a SandboxShellExecutor makes the harness non-dumpable "
+        f"(protect_harness=True; dumpable now: {native.harness_dumpable()})",
+        "denial detection: permission signatures in the stdout/stderr tails "
+        "(Landlock audit records are not read)",
+        "a confined command can still: connect to pathname unix sockets it can see when "
+        "network=True (Landlock has no right for that on ABI <= 7)",
+    ]
     if os.geteuid() == 0:
         lines.append(
-            "  - chmod/chown files owned by root outside its writable roots in "
-            "workspace-write mode (the harness runs as root; Landlock has no right "
-            "for metadata)"
+            "a confined command can still: chmod/chown root-owned files outside its writable "
+            "roots in workspace-write mode (the harness runs as root; Landlock has no right "
+            "for metadata; read-only refuses it)"
         )
     lines.append(
-        "  - write .git/hooks and .git/config inside a writable workspace "
-        "(Landlock cannot carve a read-only hole in a writable root)"
+        "a confined command can still: write .git/hooks and .git/config inside a writable "
+        "workspace (Landlock cannot carve a read-only hole in a writable root)"
     )
-    svc = service
-    if svc is not None:
-        spill = os.path.realpath(svc.spill_location)
-        lines.append(f"spill directory: {spill}")
-        for root in (*_SHARED_WRITABLE, os.environ.get("TMPDIR") or ""):
-            if root and _inside(spill, os.path.realpath(root)):
-                lines.append(
-                    f"  warning: it lies inside writable root {root}: "
-                    "workspace-write calls will be refused"
-                )
+    spill = os.path.realpath(native.default_spill_parent())
+    for root in (*_SHARED_WRITABLE, os.environ.get("TMPDIR") or ""):
+        if root and _inside(spill, os.path.realpath(root)):
+            lines.append(
+                f"warning: the spill parent {spill} lies inside writable root {root}: "
+                "workspace-write calls will be refused (set XDG_CACHE_HOME or spill_parent)"
+            )
     return lines
