@@ -485,6 +485,26 @@ def test_7_confined_command_cannot_touch_the_spill_dir(
     assert all(n.startswith(("stdout-", "stderr-")) for n in names)
 
 
+def test_7_a_swapped_spill_dir_never_redirects_later_spill_files(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    """Whoever renames the spill directory and plants a symlink in its place (here the
+    harness itself, as a confined command cannot) redirects nothing: files are created
+    relative to the directory fd the service holds."""
+    ex = LocalShellExecutor(cwd=box["ws"], service=svc, max_output_bytes=10)
+    first = run(ex, "seq 1 100").stdout.spill_path
+    assert first is not None
+    d = os.path.dirname(first)
+    os.rename(d, d + ".moved")
+    os.symlink(box["protected"], d)
+    second = run(ex, "seq 1 100").stdout.spill_path
+    assert second is not None and os.path.dirname(second) == d
+    assert os.listdir(box["protected"]) == ["file"]
+    assert os.path.exists(os.path.join(d + ".moved", os.path.basename(second)))
+    os.unlink(d)
+    os.rename(d + ".moved", d)
+
+
 # -- 8. UDP and TCP with network=False -------------------------------------------------
 
 
