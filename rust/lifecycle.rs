@@ -21,6 +21,13 @@ const REAP_POLL: Duration = Duration::from_millis(5);
 /// How long SIGKILLed leftovers may take to vanish before the call completes regardless.
 const SIGKILL_SETTLE: Duration = Duration::from_secs(2);
 
+/// `now + wait`, saturating a century ahead instead of panicking on overflow (a grace of
+/// 2^64 ms crosses the boundary as a valid u64).
+pub(crate) fn after(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
     Running,
@@ -143,7 +150,7 @@ pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
                 begin_reap(proc, st, now);
             } else {
                 st.phase = Phase::Draining;
-                let at = now + st.grace;
+                let at = after(now, st.grace);
                 st.deadline = Some(at);
                 proc.shared.add_timer(at, proc.token, false);
             }
@@ -159,12 +166,14 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     if group_alive(proc.pid) {
         let left = count_group(proc.pid);
         if left > 0 {
-            st.leftover_killed += left as u32;
+            st.leftover_killed = st
+                .leftover_killed
+                .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
             let _ = signal_group(proc.pid, libc::SIGTERM);
             st.phase = Phase::Reaping {
                 sigkill_sent: false,
             };
-            st.deadline = Some(now + st.grace);
+            st.deadline = Some(after(now, st.grace));
             proc.shared.add_timer(now + REAP_POLL, proc.token, false);
             return;
         }
@@ -228,6 +237,16 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deadlines_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(3600 * 24 * 365));
+        assert_eq!(
+            after(now, Duration::from_millis(5)),
+            now + Duration::from_millis(5)
+        );
+    }
 
     #[test]
     fn timers_pop_in_deadline_order() {

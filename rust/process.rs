@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
 use crate::kill::signal_group;
-use crate::lifecycle::Phase;
+use crate::lifecycle::{after, Phase};
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
 use crate::spawn::Spawned;
@@ -135,7 +135,7 @@ impl Proc {
         }
         st.kill_requested = true;
         let _ = signal_group(self.pid, libc::SIGTERM);
-        let at = Instant::now() + st.grace;
+        let at = after(Instant::now(), st.grace);
         st.kill_at = Some(at);
         drop(st);
         self.shared.add_timer(at, self.token, true);

@@ -6,7 +6,6 @@ rendering. See README.md for the two-minute tour.
 """
 
 from .abort import AbortController, AbortSignal
-from .env import ManagedEnvContributor, ManagedEnvRegistry
 from .errors import ShellError
 from .executor import ShellExecutor
 from .local import LocalShellExecutor
@@ -19,6 +18,8 @@ from .tool import (
     ApprovalRequest,
     ApprovalService,
     BashTool,
+    ManagedEnvContributor,
+    ManagedEnvRegistry,
     PromptSection,
     SandboxModeStore,
     ToolContext,

@@ -13,12 +13,24 @@ import fcntl
 import os
 import posix
 import shutil
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
 
-from .abort import AbortSignal
-from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
+from .checks import (
+    MAX_BYTES,
+    MAX_TIMEOUT_MS,
+    check_command,
+    check_env,
+    check_policy,
+    check_signal,
+    check_spec,
+    check_stdin,
+    check_workdir,
+    config_int,
+    invalid,
+    positive_int,
+)
+from .deadline import Cause, Deadline
+from .errors import DISPOSED, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
 from .service import (
@@ -52,6 +64,7 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 #: Ambient variables that would make a non-interactive bash read a startup file.
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
+<<<<<<< HEAD
 #: Credential-looking names removed from the inherited environment (case-insensitive globs).
 DEFAULT_SCRUB_PATTERNS: tuple[str, ...] = (
     "*KEY*",
@@ -84,6 +97,8 @@ _LONG_COMMAND_STUB = b'eval "$(</dev/fd/3)" 3<&-'
 
 Cause = Literal["timeout", "abort"]
 
+=======
+>>>>>>> native
 
 def _bash_path() -> bytes:
     for candidate in ("/bin/bash", "/usr/bin/bash"):
@@ -96,6 +111,7 @@ def _bash_path() -> bytes:
 _BASH = _bash_path()
 
 
+<<<<<<< HEAD
 class Confinement:
     """What one call needs beyond its command (built by ``_prepare``): the confinement
     (ruleset) the child applies, the call's own environment variables, an environment
@@ -222,6 +238,8 @@ def _script_memfd(command: bytes) -> int:
     return fd
 
 
+=======
+>>>>>>> native
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     items = env.items() if isinstance(env, Mapping) else env
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
@@ -255,15 +273,16 @@ class LocalShellExecutor(ShellExecutor):
         managed_prefix: str = "DSH_",
         service: SubprocessService | None = None,
     ) -> None:
-        for name, value in (
-            ("timeout_ms", timeout_ms),
-            ("max_timeout_ms", max_timeout_ms),
-            ("max_output_bytes", max_output_bytes),
-            ("max_spill_bytes", max_spill_bytes),
+        for name, value, maximum in (
+            ("timeout_ms", timeout_ms, MAX_TIMEOUT_MS),
+            ("max_timeout_ms", max_timeout_ms, MAX_TIMEOUT_MS),
+            ("max_output_bytes", max_output_bytes, MAX_BYTES),
+            ("max_spill_bytes", max_spill_bytes, MAX_BYTES),
         ):
-            _positive_int(value, name)
-        if isinstance(grace_ms, bool) or not isinstance(grace_ms, int) or grace_ms < 0:
-            raise _invalid(f"grace_ms must be a non-negative integer, got {grace_ms!r}")
+            config_int(value, name, minimum=1, maximum=maximum)
+        config_int(grace_ms, "grace_ms", minimum=0, maximum=MAX_TIMEOUT_MS)
+        if cwd is not None and not isinstance(cwd, str):
+            raise TypeError(f"cwd must be a str or None, got {type(cwd).__name__}")
         self.cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
         self.timeout_ms = timeout_ms
         self.max_timeout_ms = max_timeout_ms
@@ -295,6 +314,7 @@ class LocalShellExecutor(ShellExecutor):
     # -- resolve -----------------------------------------------------------------------
 
     def resolve(self, request: ShellExecRequest) -> ShellExecSpec:
+<<<<<<< HEAD
         command = request.command
         if not isinstance(command, str) or not command.strip():
             raise _invalid("command must be a non-empty string")
@@ -310,18 +330,23 @@ class LocalShellExecutor(ShellExecutor):
             raise _invalid(f"workdir must be a non-empty path, got {workdir!r}")
         else:
             _check_text(workdir, "workdir")
+=======
+        if not isinstance(request, ShellExecRequest):
+            raise invalid(f"expected a ShellExecRequest, got {type(request).__name__}")
+        command = check_command(request.command)
+        workdir = self.cwd if request.workdir is None else check_workdir(request.workdir)
+>>>>>>> native
         workdir = os.path.abspath(os.path.join(self.cwd, workdir))
         timeout_ms = self.timeout_ms if request.timeout_ms is None else request.timeout_ms
-        timeout_ms = min(_positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
+        timeout_ms = min(positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
         stdout_max = request.stdout_max_bytes
         stdout_max = self.max_output_bytes if stdout_max is None else stdout_max
-        stdout_max = min(_positive_int(stdout_max, "stdout_max_bytes"), self.max_spill_bytes)
-        if request.stdin is not None and not isinstance(request.stdin, (str, bytes)):
-            raise _invalid("stdin must be str or bytes")
-        if isinstance(request.stdin, str):
-            _check_text(request.stdin, "stdin")
-        _check_env(request.env, "env")
-        _check_env(request.managed_env, "managed_env")
+        stdout_max = min(positive_int(stdout_max, "stdout_max_bytes"), self.max_spill_bytes)
+        check_signal(request.signal)
+        check_stdin(request.stdin)
+        check_env(request.env, "env")
+        check_env(request.managed_env, "managed_env")
+        check_policy(request.sandbox_policy)
         return ShellExecSpec(
             command=command,
             workdir=workdir,
@@ -382,6 +407,7 @@ class LocalShellExecutor(ShellExecutor):
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
+<<<<<<< HEAD
             raise _invalid(f"not encodable as UTF-8: {err.reason}") from None
         if len(command) > MAX_COMMAND_BYTES:
             raise _invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
@@ -416,6 +442,21 @@ class LocalShellExecutor(ShellExecutor):
         if conf.cleanup is not None:
             proc.add_done_callback(conf.settle)
         return proc
+=======
+            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
+        return self.service.spawn(
+            program=_BASH,
+            argv=[b"bash", b"-c", command],
+            cwd=spec.workdir,
+            env=self._child_env(spec),
+            stdin=stdin,
+            stdout_cap=stdout_cap,
+            stderr_cap=self.max_output_bytes,
+            spill_cap=self.max_spill_bytes,
+            grace_ms=self.grace_ms,
+            ruleset=ruleset,
+        )
+>>>>>>> native
 
     def _result(
         self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
@@ -456,49 +497,46 @@ class LocalShellExecutor(ShellExecutor):
     # -- foreground --------------------------------------------------------------------
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        first = _FirstCause(proc)
-        remove = first.watch(spec.signal)
-        try:
-            if not proc.wait(spec.timeout_ms / 1000):
-                first.on_timeout()
+        deadline = Deadline(proc.kill)
+        with deadline.watching(spec.signal):
+            try:
+                if not proc.wait(spec.timeout_ms / 1000):
+                    deadline.on_timeout()
+                    proc.wait(None)
+            except BaseException:
+                # KeyboardInterrupt while waiting: nothing may be left running.
+                proc.kill()
                 proc.wait(None)
-        except BaseException:
-            # KeyboardInterrupt while waiting: nothing may be left running.
-            proc.kill()
-            proc.wait(None)
-            raise
-        finally:
-            remove()
-        return self._result(spec, proc, first.cause)
+                raise
+        return self._result(spec, proc, deadline.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
+        check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        first = _FirstCause(proc)
-        timer = asyncio.get_running_loop().call_later(spec.timeout_ms / 1000, first.on_timeout)
-        remove = first.watch(spec.signal)
-        try:
-            await proc.wait_async()
-        except asyncio.CancelledError:
-            proc.kill()
-            while not proc.done:
-                try:
-                    await proc.wait_async()
-                except asyncio.CancelledError:
-                    continue
-            raise
-        finally:
-            timer.cancel()
-            remove()
-        return self._result(spec, proc, first.cause)
+        deadline = Deadline(proc.kill)
+        with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
+            try:
+                await proc.wait_async()
+            except asyncio.CancelledError:
+                proc.kill()
+                while not proc.done:
+                    try:
+                        await proc.wait_async()
+                    except asyncio.CancelledError:
+                        continue
+                raise
+        return self._result(spec, proc, deadline.cause)
 
     # -- background --------------------------------------------------------------------
 
     def start(self, spec: ShellExecSpec) -> ShellProcess:
+        check_spec(spec)
         try:
             proc = self._spawn(spec, self.max_output_bytes)
         except ShellError as err:

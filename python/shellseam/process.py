@@ -14,12 +14,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .checks import wait_timeout
+from .render import render_delta, render_spawn_failure
 from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
 
 if TYPE_CHECKING:
     from .service import ManagedProcess
-
-STDERR_SECTION = "\n[stderr]\n"
 
 #: Derives the sandbox facts of a settled process from its exit code and output tails.
 SandboxStamp = Callable[[int | None, str, str], ShellSandboxInfo]
@@ -33,11 +33,6 @@ def signal_name(signum: int | None) -> str | None:
         return _signal.Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
-
-
-def merge_delta(stdout: str, stderr: str) -> str:
-    """The background read format: stdout, then stderr in a marked section if any."""
-    return stdout + (STDERR_SECTION + stderr if stderr else "")
 
 
 class ShellProcess:
@@ -104,11 +99,11 @@ class ShellProcess:
             with self._lock:
                 first = not self._failure_delivered
                 self._failure_delivered = True
-            delta = f"spawn failed: {self._failure}" if first and self._failure else ""
+            delta = render_spawn_failure(self._failure) if first and self._failure else ""
             return ShellProcessRead(delta=delta, lossy=False)
         out, err = self._proc.read()
         return ShellProcessRead(
-            delta=merge_delta(out.text, err.text),
+            delta=render_delta(out.text, err.text),
             lossy=out.lossy or err.lossy,
             # A path is given for each stream that lost bytes, so that every lossy marker a
             # reader renders names a stream that really dropped something.
@@ -130,10 +125,12 @@ class ShellProcess:
             await asyncio.sleep(0)
 
     def wait_sync(self, timeout: float | None = None) -> bool:
-        """Blocks until settled or ``timeout`` seconds pass; True when settled."""
+        """Blocks until settled or ``timeout`` seconds pass (None or infinity: no timeout);
+        True when settled."""
+        limit = wait_timeout(timeout)
         if self._proc is None:
             return True
-        return self._proc.wait(timeout)
+        return self._proc.wait(limit)
 
     def add_done_callback(self, cb: Callable[[ShellProcess], None]) -> None:
         """Calls ``cb(self)`` once settled: at once if it is, else from the service's

@@ -5,11 +5,9 @@ import sys
 import time
 
 if os.fork() == 0:
-    # One write per line: print() writes the text and the newline separately when
-    # PYTHONUNBUFFERED is set, and the two processes' writes would interleave.
-    sys.stdout.write(f"grandchild {os.getpid()}\n")
-    sys.stdout.flush()
+    # One write(2) per line: under PYTHONUNBUFFERED print() writes the text and its newline
+    # separately, and the two processes' lines could interleave mid-line.
+    os.write(1, f"grandchild {os.getpid()}\n".encode())
     time.sleep(60)
     sys.exit(0)
-sys.stdout.write("parent done\n")
-sys.stdout.flush()
+os.write(1, b"parent done\n")
