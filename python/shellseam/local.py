@@ -13,7 +13,8 @@ import fcntl
 import os
 import posix
 import shutil
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 
 from .checks import (
     MAX_BYTES,
@@ -64,7 +65,6 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 #: Ambient variables that would make a non-interactive bash read a startup file.
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
-<<<<<<< HEAD
 #: Credential-looking names removed from the inherited environment (case-insensitive globs).
 DEFAULT_SCRUB_PATTERNS: tuple[str, ...] = (
     "*KEY*",
@@ -95,10 +95,6 @@ MAX_COMMAND_BYTES = 16 * 2**20
 #: would name /dev/fd/3 in `$0`-style messages and BASH_SOURCE).
 _LONG_COMMAND_STUB = b'eval "$(</dev/fd/3)" 3<&-'
 
-Cause = Literal["timeout", "abort"]
-
-=======
->>>>>>> native
 
 def _bash_path() -> bytes:
     for candidate in ("/bin/bash", "/usr/bin/bash"):
@@ -111,7 +107,6 @@ def _bash_path() -> bytes:
 _BASH = _bash_path()
 
 
-<<<<<<< HEAD
 class Confinement:
     """What one call needs beyond its command (built by ``_prepare``): the confinement
     (ruleset) the child applies, the call's own environment variables, an environment
@@ -141,70 +136,6 @@ class Confinement:
 
 
 _UNCONFINED = Confinement()
-
-
-class _FirstCause:
-    """The fused deadline of one run: the first of timeout and abort kills the process and
-    is the only cause reported; later causes are ignored."""
-
-    __slots__ = ("_lock", "_proc", "cause")
-
-    def __init__(self, proc: ManagedProcess) -> None:
-        self._lock = threading.Lock()
-        self._proc = proc
-        self.cause: Cause | None = None
-
-    def fire(self, cause: Cause) -> None:
-        with self._lock:
-            if self.cause is not None:
-                return
-            self.cause = cause
-        self._proc.kill()
-
-    def on_timeout(self) -> None:
-        self.fire("timeout")
-
-    def on_abort(self) -> None:
-        self.fire("abort")
-
-    def watch(self, signal: AbortSignal | None) -> Callable[[], None]:
-        """Listens to the caller's signal; returns the remover."""
-        return signal.add_listener(self.on_abort) if signal is not None else _nothing
-
-
-def _nothing() -> None:
-    return None
-
-
-def _invalid(reason: str) -> ShellError:
-    return ShellError(INVALID_REQUEST, reason)
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _invalid(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _check_text(value: str, name: str) -> None:
-    """Text must be encodable: a lone surrogate (valid JSON, invalid UTF-8) is refused here
-    instead of failing at spawn."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _invalid(f"{name} is not valid UTF-8 (it contains a lone surrogate)") from None
-
-
-def _check_env(env: Mapping[str, str] | None, name: str) -> None:
-    if env is None:
-        return
-    for key, value in env.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise _invalid(f"{name} keys and values must be strings")
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise _invalid(f"{name} has an invalid entry {key!r}")
-        _check_text(key, name)
-        _check_text(value, name)
 
 
 def _names(value: object, name: str) -> tuple[str, ...]:
@@ -238,8 +169,6 @@ def _script_memfd(command: bytes) -> int:
     return fd
 
 
-=======
->>>>>>> native
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     items = env.items() if isinstance(env, Mapping) else env
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
@@ -314,28 +243,12 @@ class LocalShellExecutor(ShellExecutor):
     # -- resolve -----------------------------------------------------------------------
 
     def resolve(self, request: ShellExecRequest) -> ShellExecSpec:
-<<<<<<< HEAD
-        command = request.command
-        if not isinstance(command, str) or not command.strip():
-            raise _invalid("command must be a non-empty string")
-        if "\0" in command:
-            raise _invalid("command contains a NUL byte")
-        _check_text(command, "command")
-        if len(command) > MAX_COMMAND_BYTES // 4 and len(command.encode()) > MAX_COMMAND_BYTES:
-            raise _invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
-        workdir = request.workdir
-        if workdir is None:
-            workdir = self.cwd
-        elif not isinstance(workdir, str) or not workdir or "\0" in workdir:
-            raise _invalid(f"workdir must be a non-empty path, got {workdir!r}")
-        else:
-            _check_text(workdir, "workdir")
-=======
         if not isinstance(request, ShellExecRequest):
             raise invalid(f"expected a ShellExecRequest, got {type(request).__name__}")
         command = check_command(request.command)
+        if len(command) > MAX_COMMAND_BYTES // 4 and len(command.encode()) > MAX_COMMAND_BYTES:
+            raise invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
         workdir = self.cwd if request.workdir is None else check_workdir(request.workdir)
->>>>>>> native
         workdir = os.path.abspath(os.path.join(self.cwd, workdir))
         timeout_ms = self.timeout_ms if request.timeout_ms is None else request.timeout_ms
         timeout_ms = min(positive_int(timeout_ms, "timeout_ms"), self.max_timeout_ms)
@@ -407,10 +320,9 @@ class LocalShellExecutor(ShellExecutor):
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
-<<<<<<< HEAD
-            raise _invalid(f"not encodable as UTF-8: {err.reason}") from None
+            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
         if len(command) > MAX_COMMAND_BYTES:
-            raise _invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
+            raise invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
         conf = self._prepare(spec)
         script_fd = None
         try:
@@ -442,21 +354,6 @@ class LocalShellExecutor(ShellExecutor):
         if conf.cleanup is not None:
             proc.add_done_callback(conf.settle)
         return proc
-=======
-            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
-        return self.service.spawn(
-            program=_BASH,
-            argv=[b"bash", b"-c", command],
-            cwd=spec.workdir,
-            env=self._child_env(spec),
-            stdin=stdin,
-            stdout_cap=stdout_cap,
-            stderr_cap=self.max_output_bytes,
-            spill_cap=self.max_spill_bytes,
-            grace_ms=self.grace_ms,
-            ruleset=ruleset,
-        )
->>>>>>> native
 
     def _result(
         self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
