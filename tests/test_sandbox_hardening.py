@@ -258,6 +258,24 @@ def test_caches_point_at_a_per_service_directory(
     assert r.stdout.text == os.path.join(box["base"], "real-cache") + "\n"
 
 
+@pytest.mark.parametrize("attack", ["rm -rf {c}", "rm -rf {c} && ln -s {protected} {c}"])
+def test_removing_the_cache_dir_neither_blocks_nor_widens_later_calls(
+    box: dict[str, str], svc: SubprocessService, attack: str
+) -> None:
+    ex = sandbox(box, svc)
+    cache = run(ex, "echo $XDG_CACHE_HOME").stdout.text.strip()
+    # The directory itself sits in the (read-only) spill parent: only its content goes.
+    assert run(ex, attack.format(c=cache, **box)).exit_code != 0
+    assert os.path.isdir(cache) and not os.path.islink(cache)
+    # Removed from outside (a cleaner, the harness): the next call gets a fresh one.
+    shutil.rmtree(cache)
+    os.symlink(box["protected"], cache)
+    r = run(ex, f"echo $XDG_CACHE_HOME; echo x > {box['protected']}/new; touch $XDG_CACHE_HOME/ok")
+    fresh = r.stdout.text.split()[0]
+    assert fresh != cache and os.path.exists(os.path.join(fresh, "ok"))
+    assert unchanged(box)
+
+
 def test_git_cargo_style_writes_stay_in_the_workspace(
     box: dict[str, str], svc: SubprocessService
 ) -> None:

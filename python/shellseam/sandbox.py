@@ -179,11 +179,23 @@ class _ServiceCache:
         with cls._lock:
             path = cls._dirs.get(service)
             if path is None or not os.path.isdir(path):
-                os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
-                path = tempfile.mkdtemp(prefix="cache-", dir=service.spill_parent)
-                cls._dirs[service] = path
-                weakref.finalize(service, shutil.rmtree, path, True)
+                path = cls._create(service)
             return path
+
+    @classmethod
+    def renew(cls, service: SubprocessService) -> str:
+        """A fresh directory, when a command removed or replaced the previous one (it may:
+        the directory is writable) — never a refusal of every later call."""
+        with cls._lock:
+            return cls._create(service)
+
+    @classmethod
+    def _create(cls, service: SubprocessService) -> str:
+        os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
+        path = tempfile.mkdtemp(prefix="cache-", dir=service.spill_parent)
+        cls._dirs[service] = path
+        weakref.finalize(service, shutil.rmtree, path, True)
+        return path
 
 
 _protected = False
@@ -289,9 +301,13 @@ class SandboxShellExecutor(LocalShellExecutor):
         if policy.mode == "read-only":
             return self._prepare_read_only(spec, policy, service)
         roots = [policy.workspace_root, *policy.writable_roots, *_SHARED_WRITABLE]
-        cache = _ServiceCache.path(service)
         idents = self._writable_identities(roots, service)
-        cache_pin = self._pins.pin(cache)
+        cache = _ServiceCache.path(service)
+        try:
+            cache_pin = self._pins.pin(cache)
+        except ShellError:
+            cache = _ServiceCache.renew(service)
+            cache_pin = self._pins.pin(cache)
         if cache_pin is not None:
             idents.append(cache_pin[1])
         ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
