@@ -280,6 +280,24 @@ def test_3_pathname_unix_socket_refused_without_network(
         assert r.stdout.text == "b'x'\n"
 
 
+@pytest.mark.skipif(ABI < 6, reason="abstract unix sockets are scoped from Landlock ABI 6")
+def test_3_abstract_unix_socket_of_the_harness_is_out_of_reach(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    name = f"\0shellseam-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(name)
+        server.listen(1)
+        server.settimeout(0.3)
+        r = run(
+            sandbox(box, svc),
+            py(f"import socket; socket.socket(socket.AF_UNIX).connect({name!r})"),
+        )
+        assert r.exit_code != 0 and "Operation not permitted" in r.stderr.text
+        with pytest.raises(TimeoutError):
+            server.accept()
+
+
 def test_3_ssh_auth_sock_is_not_inherited_by_confined_commands(
     box: dict[str, str], svc: SubprocessService, monkeypatch: pytest.MonkeyPatch
 ) -> None:

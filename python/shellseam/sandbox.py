@@ -435,6 +435,10 @@ def sandbox_facts() -> list[str]:
         "(Landlock audit records are not read)",
         "a confined command can still: connect to pathname unix sockets it can see when "
         "network=True (Landlock has no right for that on ABI <= 7)",
+        "a confined command can still: read every file the harness's user can read "
+        "(confinement restricts writes, not reads)",
+        "a confined command can still: write /tmp and /dev/shm in workspace-write mode, "
+        "shared with every other process",
     ]
     if os.geteuid() == 0:
         lines.append(
