@@ -8,7 +8,6 @@
 //! (last, so that none of the setup syscalls is filtered), then `execve`.
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::OnceLock;
 
 use crate::landlock::{self, BuildError, Enforcement, LandlockRuleset};
 use crate::seccomp::{self, FilterPolicy};
@@ -71,10 +70,9 @@ fn read_facts() -> CapabilityFacts {
     }
 }
 
-/// The capability facts of this process, read on first use.
+/// The capability facts of this process, now.
 pub fn capability_facts() -> CapabilityFacts {
-    static FACTS: OnceLock<CapabilityFacts> = OnceLock::new();
-    *FACTS.get_or_init(read_facts)
+    read_facts()
 }
 
 /// A confined mode's child-side plan, built once per policy and shared by every spawn.
@@ -98,10 +96,13 @@ impl Confinement {
         network: bool,
         read_only: bool,
     ) -> Result<Self, BuildError> {
-        let landlock = landlock::build(&landlock::Policy {
+        let mut landlock = landlock::build(&landlock::Policy {
             writable_roots: writable_roots.to_vec(),
             network,
         })?;
+        // The child overwrites fd 3 with a long command's script before it enforces the
+        // ruleset: keep the ruleset fd above it.
+        landlock.fd = crate::pipes::above_stdio(landlock.fd).map_err(BuildError::Io)?;
         let filter = seccomp::build(FilterPolicy {
             read_only,
             deny_sockets: !network,
@@ -109,7 +110,9 @@ impl Confinement {
         Ok(Self {
             landlock,
             filter,
-            caps: capability_facts(),
+            // Read at each build (not once per process): a harness that dropped privileges
+            // since gets a plan that no longer needs them.
+            caps: read_facts(),
         })
     }
 

@@ -28,10 +28,11 @@ pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// (a harness that closed its own stdin would otherwise get pipe fds 0..2 back).
 pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    if fd.as_raw_fd() > 2 {
+    // Fd 3 is taken too: the child puts a long command's script there (spawn::SCRIPT_FD).
+    if fd.as_raw_fd() > 3 {
         return Ok(fd);
     }
-    let new = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    let new = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(4))?;
     // SAFETY: F_DUPFD_CLOEXEC succeeded, so `new` is a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }

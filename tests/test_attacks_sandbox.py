@@ -737,3 +737,25 @@ def test_9_a_reused_group_id_is_never_signalled(svc: SubprocessService) -> None:
             v.kill()
             v.wait()
         os.kill(escapee, 9)
+
+
+_LOW_FDS_HARNESS = """
+import os, sys
+os.close(0)
+from shellseam import *
+for mode in ("read-only", "workspace-write"):
+    ex = SandboxShellExecutor(mode=mode, cwd="/var/tmp")
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo ok-$LINENO\\n" + "#" * 200_000)))
+    print(mode, r.exit_code, r.stdout.text.strip(), repr(r.stderr.text))
+"""
+
+
+def test_long_commands_with_the_harness_stdin_closed() -> None:
+    """Pipe, report and ruleset fds get low numbers when the harness closed its stdin; none
+    of them may be the fd the child puts the script on."""
+    out = subprocess.run(
+        [PY, "-c", _LOW_FDS_HARNESS], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.stdout.splitlines() == ["read-only 0 ok-1 ''", "workspace-write 0 ok-1 ''"], (
+        out.stderr
+    )
