@@ -142,6 +142,11 @@ impl SpillDir {
         self.budget.left()
     }
 
+    /// Creates the directory now (if not yet) and returns its path.
+    pub fn ensure_dir(&mut self) -> io::Result<PathBuf> {
+        self.ensure().map(|(path, _)| path)
+    }
+
     fn ensure(&mut self) -> io::Result<(PathBuf, i32)> {
         if let (Some(path), Some(fd)) = (&self.path, &self.fd) {
             return Ok((path.clone(), fd.as_raw_fd()));

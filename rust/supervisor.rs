@@ -150,6 +150,14 @@ impl Service {
         lock(&self.shared.spill).path().map(|p| p.to_path_buf())
     }
 
+    /// The spill directory, created now if nothing spilled yet (never after disposal).
+    pub fn ensure_spill_dir(&self) -> io::Result<PathBuf> {
+        if self.is_disposed() {
+            return Err(io::Error::other("the service has been disposed"));
+        }
+        lock(&self.shared.spill).ensure_dir()
+    }
+
     pub fn running(&self) -> usize {
         lock(&self.shared.live).len()
     }

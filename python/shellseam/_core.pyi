@@ -204,6 +204,8 @@ class Ruleset:
 @final
 class Supervisor:
     def __new__(cls, spill_parent: str | PathLike[str], spill_total: int = ...) -> Supervisor: ...
+    def ensure_spill_dir(self) -> str | None:
+        """The spill directory, created now if nothing spilled yet (None: cannot be)."""
     @property
     def spill_dir(self) -> str | None: ...
     @property

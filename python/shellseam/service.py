@@ -245,9 +245,12 @@ class SubprocessService:
 
     @property
     def spill_location(self) -> str:
-        """The spill directory, or before the first spill the parent it will be made in
-        (what a confined call's writable roots must not contain)."""
-        return self._supervisor.spill_dir or self.spill_parent
+        """The spill directory (created now if nothing spilled yet), or the parent it will
+        be made in when it cannot be: what a confined call's writable roots must not
+        contain."""
+        return (
+            self._supervisor.spill_dir or self._supervisor.ensure_spill_dir() or self.spill_parent
+        )
 
     @property
     def running(self) -> int:

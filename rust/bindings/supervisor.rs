@@ -40,6 +40,15 @@ impl Supervisor {
             .map(|p| p.to_string_lossy().into_owned())
     }
 
+    /// The spill directory, created now if nothing spilled yet; None when it cannot be
+    /// (disposed, or the parent is not writable).
+    fn ensure_spill_dir(&self) -> Option<String> {
+        self.inner
+            .ensure_spill_dir()
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
     #[getter]
     fn running(&self) -> usize {
         self.inner.running()
