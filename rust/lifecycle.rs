@@ -227,10 +227,11 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     st.finished = Some(now);
     st.deadline = None;
     st.kill_at = None;
+    // Out of the live set before anyone is woken: a woken waiter sees `running` without it.
+    lock(&proc.shared.live).remove(&proc.token);
     for notifier in st.subscribers.drain(..) {
         notifier.push(proc.token);
     }
-    lock(&proc.shared.live).remove(&proc.token);
     proc.done.notify_all();
 }
 

@@ -315,7 +315,9 @@ class LocalShellExecutor(ShellExecutor):
         finally:
             conf.settle()
 
-    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> ManagedProcess:
+    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> tuple[ManagedProcess, Confinement]:
+        """Spawns the call; the caller settles the confinement when the call settles (a
+        foreground call right after its wait, a background one from its done callback)."""
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
@@ -351,9 +353,7 @@ class LocalShellExecutor(ShellExecutor):
         finally:
             if script_fd is not None:
                 os.close(script_fd)
-        if conf.cleanup is not None:
-            proc.add_done_callback(conf.settle)
-        return proc
+        return proc, conf
 
     def _result(
         self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
@@ -397,7 +397,7 @@ class LocalShellExecutor(ShellExecutor):
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
-        proc = self._spawn(spec, spec.stdout_max_bytes)
+        proc, conf = self._spawn(spec, spec.stdout_max_bytes)
         deadline = Deadline(proc.kill)
         with deadline.watching(spec.signal):
             try:
@@ -409,13 +409,15 @@ class LocalShellExecutor(ShellExecutor):
                 proc.kill()
                 proc.wait(None)
                 raise
+            finally:
+                conf.settle()
         return self._result(spec, proc, deadline.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
-        proc = self._spawn(spec, spec.stdout_max_bytes)
+        proc, conf = self._spawn(spec, spec.stdout_max_bytes)
         deadline = Deadline(proc.kill)
         with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
             try:
@@ -428,6 +430,8 @@ class LocalShellExecutor(ShellExecutor):
                     except asyncio.CancelledError:
                         continue
                 raise
+            finally:
+                conf.settle()
         return self._result(spec, proc, deadline.cause)
 
     # -- background --------------------------------------------------------------------
@@ -435,7 +439,7 @@ class LocalShellExecutor(ShellExecutor):
     def start(self, spec: ShellExecSpec) -> ShellProcess:
         check_spec(spec)
         try:
-            proc = self._spawn(spec, self.max_output_bytes)
+            proc, conf = self._spawn(spec, self.max_output_bytes)
         except ShellError as err:
             if err.code == DISPOSED:
                 raise
@@ -454,4 +458,6 @@ class LocalShellExecutor(ShellExecutor):
                 assert info is not None
                 return info
 
+        if conf.cleanup is not None:
+            proc.add_done_callback(conf.settle)
         return ShellProcess(proc=proc, sandbox_stamp=stamp)
