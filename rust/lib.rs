@@ -2,6 +2,7 @@
 //! lifecycle, process, notifier, collector, spill, env, kill, landlock) builds and tests without Python; the bindings
 //! are behind the `python` feature that maturin enables.
 
+mod child;
 pub mod collector;
 pub mod confine;
 pub mod env;
@@ -13,6 +14,7 @@ mod lifecycle;
 pub mod notifier;
 pub mod pipes;
 pub mod process;
+pub mod scrub;
 pub mod seccomp;
 pub mod spawn;
 pub mod spill;

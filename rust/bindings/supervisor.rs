@@ -27,9 +27,7 @@ impl Supervisor {
     #[pyo3(signature = (spill_parent, spill_total=u64::MAX))]
     fn new(spill_parent: PathBuf, spill_total: u64) -> PyResult<Self> {
         Ok(Self {
-            inner: Arc::new(
-                Service::with_spill_total(spill_parent, spill_total).map_err(CoreError::Io)?,
-            ),
+            inner: Arc::new(Service::new(spill_parent, spill_total).map_err(CoreError::Io)?),
         })
     }
 
@@ -45,7 +43,6 @@ impl Supervisor {
     fn ensure_spill_dir(&self) -> Option<String> {
         self.inner
             .ensure_spill_dir()
-            .ok()
             .map(|p| p.to_string_lossy().into_owned())
     }
 
