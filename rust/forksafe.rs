@@ -120,10 +120,12 @@ mod tests {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             child();
+            // SAFETY: stat is plain old data; all-zero is valid and fstat overwrites it.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: fstat into a local.
             let ok = unsafe { libc::fstat(tracked.as_raw_fd(), &mut st) } == 0;
             let is_char = st.st_mode & libc::S_IFMT == libc::S_IFCHR;
+            // SAFETY: leaves the forked test child without running the parent's destructors.
             unsafe { libc::_exit(if ok && is_char { 0 } else { 1 }) };
         }
         parent();
