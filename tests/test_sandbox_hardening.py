@@ -276,6 +276,18 @@ def test_removing_the_cache_dir_neither_blocks_nor_widens_later_calls(
     assert unchanged(box)
 
 
+def test_a_writable_root_made_after_the_first_call_is_granted_then(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    later = os.path.join(box["base"], "later")
+    p = SandboxPolicy(mode="workspace-write", workspace_root=box["ws"], writable_roots=(later,))
+    ex = sandbox(box, svc)
+    assert run(ex, "true", sandbox_policy=p).exit_code == 0
+    os.mkdir(later)
+    assert run(ex, f"echo x > {later}/f", sandbox_policy=p).exit_code == 0
+    assert run(ex, f"echo x > {box['protected']}/f", sandbox_policy=p).exit_code != 0
+
+
 def test_git_cargo_style_writes_stay_in_the_workspace(
     box: dict[str, str], svc: SubprocessService
 ) -> None:

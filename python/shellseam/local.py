@@ -226,12 +226,16 @@ class LocalShellExecutor(ShellExecutor):
         self._service = service
         self._env = self._env_builder(())
 
-    def _env_builder(self, drop_names: Sequence[bytes]) -> EnvBuilder:
+    def _env_builder(
+        self, drop_names: Sequence[bytes], fixed: Sequence[tuple[str, str]] = ()
+    ) -> EnvBuilder:
+        """Environment rules with extra dropped names and extra fixed variables (set after
+        the terminal settings, before the call's own env, which wins)."""
         return EnvBuilder(
             list(self.scrub_patterns),
             self.managed_prefix,
             [*_STARTUP_FILE_VARS, *drop_names],
-            _pairs(TERMINAL_ENV),
+            _pairs([*TERMINAL_ENV, *fixed]),
             [os.fsencode(n) for n in self.allow_env],
         )
 

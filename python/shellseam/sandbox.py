@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from . import service as native
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
-from .service import Ruleset, SubprocessService
+from .service import EnvBuilder, Ruleset, SubprocessService
 from .types import (
     SANDBOX_MODES,
     SandboxEnforcement,
@@ -159,6 +159,21 @@ class _PinnedRoots:
             return self._fds[ident]
 
 
+def _still_same(checks: tuple[tuple[str, Identity | None], ...]) -> bool:
+    """Whether every root path still names the directory it was pinned to, or still names
+    nothing (one stat each)."""
+    for path, ident in checks:
+        try:
+            st = os.stat(path)
+        except OSError:
+            if ident is None:
+                continue
+            return False
+        if (st.st_dev, st.st_ino) != ident:
+            return False
+    return True
+
+
 def _close_all(fds: dict[Identity, int]) -> None:
     for fd in fds.values():
         with contextlib.suppress(OSError):
@@ -176,11 +191,14 @@ class _ServiceCache:
 
     @classmethod
     def path(cls, service: SubprocessService) -> str:
+        """The service's cache directory (made on first use; the caller's pin check tells
+        when it was removed or replaced, then ``renew`` makes another)."""
+        path = cls._dirs.get(service)
+        if path is not None:
+            return path
         with cls._lock:
             path = cls._dirs.get(service)
-            if path is None or not os.path.isdir(path):
-                path = cls._create(service)
-            return path
+            return path if path is not None else cls._create(service)
 
     @classmethod
     def renew(cls, service: SubprocessService) -> str:
@@ -240,6 +258,10 @@ class SandboxShellExecutor(LocalShellExecutor):
         self._rulesets: OrderedDict[object, Ruleset] = OrderedDict()
         self._rulesets_lock = threading.Lock()
         self._confined_env = self._env_builder(_CONFINED_DROPS)
+        self._cache_envs: dict[str, EnvBuilder] = {}
+        self._prepared: dict[
+            object, tuple[SubprocessService, tuple[tuple[str, Identity | None], ...], Confinement]
+        ] = {}
         if protect_harness:
             make_harness_non_dumpable()
 
@@ -300,23 +322,39 @@ class SandboxShellExecutor(LocalShellExecutor):
         service = self.service
         if policy.mode == "read-only":
             return self._prepare_read_only(spec, policy, service)
+        key = (policy.workspace_root, policy.writable_roots, policy.network, id(service))
+        hit = self._prepared.get(key)
+        if hit is not None and hit[0] is service and _still_same(hit[1]):
+            return hit[2]
         roots = [policy.workspace_root, *policy.writable_roots, *_SHARED_WRITABLE]
         idents = self._writable_identities(roots, service)
         cache = _ServiceCache.path(service)
         try:
             cache_pin = self._pins.pin(cache)
         except ShellError:
+            cache_pin = None
+        if cache_pin is None:  # removed (not pinned yet) or replaced (refused): a fresh one
             cache = _ServiceCache.renew(service)
             cache_pin = self._pins.pin(cache)
         if cache_pin is not None:
             idents.append(cache_pin[1])
         ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
-        env = [
-            (os.fsencode(name), os.fsencode(cache))
-            for name in _CACHE_VARS
-            if not (spec.env and name in spec.env)
-        ]
-        return Confinement(ruleset=ruleset, env=env, env_builder=self._confined_env)
+        conf = Confinement(ruleset=ruleset, env_builder=self._cache_env(cache))
+        # The next call of this policy only re-checks that every root is the same directory.
+        checks = tuple((path, self._pins.pin(path)) for path in (*roots, cache))
+        if len(self._prepared) >= _RULESET_CACHE_SIZE:
+            self._prepared.clear()
+        self._prepared[key] = (service, tuple((p, got and got[1]) for p, got in checks), conf)
+        return conf
+
+    def _cache_env(self, cache: str) -> EnvBuilder:
+        """The confined environment rules with the cache variables fixed (a call's own env
+        still wins): one builder per cache directory, so its environment stays cached."""
+        builder = self._cache_envs.get(cache)
+        if builder is None:
+            fixed = [(name, cache) for name in _CACHE_VARS]
+            builder = self._cache_envs[cache] = self._env_builder(_CONFINED_DROPS, fixed)
+        return builder
 
     def _writable_identities(self, roots: list[str], service: SubprocessService) -> list[Identity]:
         """Pins every writable root (refusing a swapped one) and refuses roots that contain
