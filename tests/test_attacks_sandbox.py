@@ -154,6 +154,19 @@ def test_1_swap_through_the_bash_tool(box: dict[str, str], svc: SubprocessServic
         assert f.read() == "precious\n"
 
 
+def test_1_a_missing_root_planted_as_a_symlink_is_refused(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    later = os.path.join(box["ws_parent"], "later")  # under /tmp: a command can create it
+    p = policy(box, writable_roots=(later,))
+    ex = sandbox(box, svc)
+    assert run(ex, f"ln -s {box['protected']} {later}", sandbox_policy=p).exit_code == 0
+    with pytest.raises(ShellError) as info:
+        run(ex, f"echo pwned > {later}/new", sandbox_policy=p)
+    assert info.value.reason == f"workspace root changed: {later}"
+    assert os.listdir(box["protected"]) == ["file"]
+
+
 def test_1_relative_and_non_absolute_roots_are_invalid(
     box: dict[str, str], svc: SubprocessService
 ) -> None:

@@ -107,6 +107,7 @@ class _PinnedRoots:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: dict[str, tuple[str, Identity]] = {}
+        self._absent: set[str] = set()
         self._fds: dict[Identity, int] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
 
@@ -127,9 +128,16 @@ class _PinnedRoots:
 
     def _pin_first(self, path: str) -> tuple[str, Identity] | None:
         real = os.path.realpath(path)
+        if path in self._absent and real != os.path.normpath(path):
+            # Nothing was there when first seen; what appeared since goes through a symlink
+            # a command may have planted (e.g. `ln -s / /tmp/later`): never grant it.
+            raise _refuse(f"workspace root changed: {path}")
         try:
             fd = os.open(real, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
+            with self._lock:
+                if len(self._absent) < _MAX_PINNED_ROOTS:
+                    self._absent.add(path)
             return None
         try:
             st = os.fstat(fd)
