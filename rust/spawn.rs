@@ -232,7 +232,7 @@ fn finish_spawn(
     drop(report_w);
     drop(child_ends);
     if let Some(err) = read_report(&report_r) {
-        reap_failed_child(pid);
+        crate::sys::reap_blocking(pid);
         return Err(err);
     }
     Ok(Spawned {
@@ -251,24 +251,12 @@ fn read_report(fd: &OwnedFd) -> Option<SpawnError> {
     let mut buf = [0u8; 8];
     let mut got = 0usize;
     while got < buf.len() {
-        // SAFETY: reads into the unfilled tail of `buf`, within bounds.
-        let n = unsafe {
-            libc::read(
-                fd.as_raw_fd(),
-                buf[got..].as_mut_ptr() as *mut c_void,
-                buf.len() - got,
-            )
-        };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break;
+        match nix::unistd::read(fd, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
         }
-        if n == 0 {
-            break;
-        }
-        got += n as usize;
     }
     if got < buf.len() {
         return None;
@@ -276,15 +264,4 @@ fn read_report(fd: &OwnedFd) -> Option<SpawnError> {
     let stage = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
     Some(SpawnError::new(SpawnStage::from_code(stage), errno))
-}
-
-fn reap_failed_child(pid: libc::pid_t) {
-    let mut status = 0;
-    loop {
-        // SAFETY: waits for our own child; `status` is a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            break;
-        }
-    }
 }
