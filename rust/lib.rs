@@ -2,6 +2,7 @@
 //! collector, spill, env, kill, landlock) builds and tests without Python; the bindings
 //! are behind the `python` feature that maturin enables.
 
+pub mod cgroup;
 pub mod collector;
 pub mod env;
 pub mod errors;

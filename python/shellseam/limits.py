@@ -1,0 +1,80 @@
+"""Resource limits: validation, tightening, and the host's containment facts.
+
+An executor's ``limits`` are ceilings set by whoever built it; a request may only tighten
+them (field-wise minimum). Values are positive ints: a constructor refuses anything else
+with ``TypeError``/``ValueError`` naming the field, a request with ``INVALID_REQUEST``.
+The kernel-facing ceilings keep a value within what ``setrlimit``/cgroup files accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Literal
+
+from . import _core
+from .errors import INVALID_REQUEST, ShellError
+from .types import ResourceLimits
+
+#: Largest value any limit accepts: rlimits and cgroup files take 64-bit values, and an
+#: i64 keeps every conversion exact.
+MAX_LIMIT = 2**63 - 1
+
+LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ResourceLimits))
+
+Enforcement = Literal["tree", "process", "unavailable"]
+
+
+def check_limits(limits: object, *, where: str) -> ResourceLimits:
+    """Validates executor configuration: ``TypeError``/``ValueError`` naming the field."""
+    if not isinstance(limits, ResourceLimits):
+        raise TypeError(f"{where} must be a ResourceLimits, got {type(limits).__name__}")
+    for name in LIMIT_FIELDS:
+        value = getattr(limits, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where}.{name} must be an int or None, got {value!r}")
+        if not 0 < value <= MAX_LIMIT:
+            raise ValueError(f"{where}.{name} must be a positive integer, got {value!r}")
+    return limits
+
+
+def request_limits(limits: object) -> ResourceLimits:
+    """Validates a request's limits: ``ShellError(INVALID_REQUEST)`` naming the field."""
+    try:
+        return check_limits(limits, where="limits")
+    except (TypeError, ValueError) as err:
+        raise ShellError(INVALID_REQUEST, str(err)) from None
+
+
+def tighten(ceiling: ResourceLimits, request: ResourceLimits | None) -> ResourceLimits:
+    """The field-wise minimum of the executor's ceilings and a request's limits."""
+    if request is None:
+        return ceiling
+    changes: dict[str, int | None] = {}
+    for name in LIMIT_FIELDS:
+        mine, theirs = getattr(ceiling, name), getattr(request, name)
+        changes[name] = theirs if mine is None else mine if theirs is None else min(mine, theirs)
+    return replace(ceiling, **changes)
+
+
+def containment_facts() -> dict[str, object]:
+    """What this host offers: the containment mechanism and, per limit, how it is enforced
+    (``tree``: cgroup controller for the whole call; ``process``: per-process rlimit;
+    ``unavailable``). Used by ``shellseam doctor``."""
+    facts = _core.containment_facts()
+    per_limit: dict[str, Enforcement] = {
+        "memory_bytes": "tree" if facts.memory else "process",
+        "max_processes": "tree" if facts.pids else "unavailable",
+        "cpu_ms": "tree" if facts.cgroup else "process",
+        "file_size_bytes": "process",
+        "open_files": "process",
+    }
+    return {
+        "containment": "cgroup" if facts.cgroup else "session",
+        "cgroup_root": facts.cgroup_root,
+        "memory_controller": facts.memory_controller,
+        "pids_controller": facts.pids_controller,
+        "limits": per_limit,
+        "reason": facts.reason,
+    }
