@@ -381,6 +381,9 @@ impl Supervisor {
             envp: Arc::clone(&env.envp),
             cwd: cstring(cwd, "the working directory")?,
             landlock_ruleset: ruleset.map(|r| r.fd.as_raw_fd()),
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
         };
         let cfg = ProcConfig {
             stdout_cap,

@@ -338,7 +338,15 @@ impl CallCgroup {
                     .map_or(unlimited.to_string(), |v| v.to_string());
                 if self.v2_memory {
                     write_at(fd, limit, &value)?;
-                    let _ = write_at(fd, swap, if limits.memory_bytes.is_some() { "0" } else { "max" });
+                    let _ = write_at(
+                        fd,
+                        swap,
+                        if limits.memory_bytes.is_some() {
+                            "0"
+                        } else {
+                            "max"
+                        },
+                    );
                 } else {
                     // v1 requires memsw >= memory at every step: order the two writes.
                     let lowering = match (limits.memory_bytes, self.applied.memory_bytes) {
@@ -714,6 +722,64 @@ mod tests {
         assert_eq!(keyed(t, "usage_usec"), Some(42));
         assert_eq!(keyed(t, "nope"), None);
         assert_eq!(keyed("populated 0\nfrozen 0\n", "populated"), Some(0));
+    }
+
+    #[test]
+    fn child_is_cloned_into_its_cgroup_with_rlimits() {
+        use crate::spawn::{spawn, SpawnPlan};
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        let svc = ServiceCgroups::new(h).expect("service cgroups");
+        let cg = svc
+            .acquire(TreeLimits {
+                memory_bytes: None,
+                max_processes: Some(8),
+            })
+            .expect("acquire");
+        let c = |s: &str| CString::new(s).unwrap();
+        let plan = SpawnPlan {
+            program: c("/bin/sleep"),
+            argv: vec![c("sleep"), c("5")],
+            envp: std::sync::Arc::new(vec![]),
+            cwd: c("/"),
+            landlock_ruleset: None,
+            cgroup: Some(cg.dir_fd()),
+            join_cgroups: cg.join_fds(),
+            rlimits: vec![(libc::RLIMIT_NOFILE as u32, 77)],
+        };
+        let child = spawn(&plan).expect("spawn");
+        assert_eq!(cg.members(), vec![child.pid]);
+        assert!(cg.populated());
+        let own = fs::read_to_string(format!("/proc/{}/cgroup", child.pid)).unwrap();
+        let name = svc
+            .parent()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            own.lines().filter(|l| l.contains(&name)).count() >= 2,
+            "{own}"
+        );
+        let limits = fs::read_to_string(format!("/proc/{}/limits", child.pid)).unwrap();
+        assert!(
+            limits
+                .lines()
+                .any(|l| l.starts_with("Max open files") && l.contains(" 77 ")),
+            "{limits}"
+        );
+        cg.kill_all().expect("cgroup.kill");
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        assert!(libc::WIFSIGNALED(status));
+        assert!(!cg.populated());
+        svc.release(cg);
+        svc.remove_all();
+        assert!(!svc.parent().exists());
     }
 
     #[test]

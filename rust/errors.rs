@@ -16,6 +16,7 @@ pub enum SpawnStage {
     Chdir = 6,
     Sandbox = 7,
     Exec = 8,
+    Contain = 9,
     Unknown = 99,
 }
 
@@ -30,6 +31,7 @@ impl SpawnStage {
             6 => Self::Chdir,
             7 => Self::Sandbox,
             8 => Self::Exec,
+            9 => Self::Contain,
             _ => Self::Unknown,
         }
     }
@@ -44,6 +46,7 @@ impl SpawnStage {
             Self::Chdir => "chdir",
             Self::Sandbox => "sandbox",
             Self::Exec => "exec",
+            Self::Contain => "contain",
             Self::Unknown => "unknown",
         }
     }

@@ -3,6 +3,7 @@
 //! are behind the `python` feature that maturin enables.
 
 pub mod cgroup;
+pub mod clone;
 pub mod collector;
 pub mod env;
 pub mod errors;

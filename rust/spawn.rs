@@ -11,6 +11,7 @@ use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::clone::{clone3_into, ChildContain};
 use crate::errors::{SpawnError, SpawnStage};
 
 /// Size of the child's stack while it runs between clone and exec.
@@ -26,6 +27,11 @@ pub struct SpawnPlan {
     /// Landlock ruleset fd to enforce in the child before exec (see `landlock.rs`); the
     /// caller keeps it open for the duration of the call.
     pub landlock_ruleset: Option<RawFd>,
+    /// Containment (see `clone.rs`): the cgroup v2 directory the child is cloned into,
+    /// the v1 cgroup directories it joins before exec, and the rlimits it sets.
+    pub cgroup: Option<RawFd>,
+    pub join_cgroups: Vec<RawFd>,
+    pub rlimits: Vec<(u32, u64)>,
 }
 
 /// The parent's ends of the child's stdio pipes.
@@ -55,6 +61,7 @@ struct ChildArgs {
     landlock_fd: RawFd,
     /// Highest fd to mark close-on-exec when `close_range` is unavailable.
     max_fd: RawFd,
+    contain: ChildContain,
 }
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -133,6 +140,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         report_fd: report_w.as_raw_fd(),
         landlock_fd: plan.landlock_ruleset.unwrap_or(-1),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
+        contain: ChildContain::new(&plan.join_cgroups, &plan.rlimits),
     };
 
     let mut stack = vec![0u8; CHILD_STACK_BYTES];
@@ -151,20 +159,8 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
-    // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
-    // and `stack`) outlives the call: CLONE_VFORK suspends us until the child has exec'd or
-    // exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top as *mut c_void,
-            flags,
-            &args as *const ChildArgs as *mut c_void,
-            &mut pidfd as *mut libc::c_int,
-        )
-    };
-    let clone_error = io::Error::last_os_error();
+    let mut args = args;
+    let (pid, clone_error) = clone_child(plan.cgroup, &mut args, &mut stack, top, &mut pidfd);
     // SAFETY: restores the mask saved above on this thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
@@ -193,6 +189,44 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             stderr: stderr_r,
         },
     })
+}
+
+/// Clones the child with vfork semantics: into `cgroup` with clone3 where the kernel has
+/// it, else with clone (the child then joins the cgroup itself before anything else).
+fn clone_child(
+    cgroup: Option<RawFd>,
+    args: &mut ChildArgs,
+    stack: &mut [u8],
+    top: usize,
+    pidfd: &mut libc::c_int,
+) -> (libc::pid_t, io::Error) {
+    let arg = args as *mut ChildArgs as *mut c_void;
+    if let Some(fd) = cgroup {
+        // SAFETY: as for clone below; `args` and `stack` outlive the child's exec.
+        let ret = unsafe { clone3_into(fd, stack, child_main, arg, pidfd) };
+        if ret >= 0 {
+            return (ret as libc::pid_t, io::Error::from_raw_os_error(0));
+        }
+        let errno = (-ret) as i32;
+        if errno != libc::ENOSYS && errno != libc::E2BIG {
+            return (-1, io::Error::from_raw_os_error(errno));
+        }
+        args.contain = args.contain.with_join(fd);
+    }
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+    // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
+    // and `stack`) outlives the call: CLONE_VFORK suspends us until the child has exec'd or
+    // exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top as *mut c_void,
+            flags,
+            arg,
+            pidfd as *mut libc::c_int,
+        )
+    };
+    (pid, io::Error::last_os_error())
 }
 
 /// Reads the child's 8-byte failure report, if it sent one.
@@ -282,6 +316,8 @@ extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
 fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
     // SAFETY (whole function): raw syscalls on memory prepared by the parent; each failure
     // leaves errno set for `child_main` to report.
+    // SAFETY: raw syscalls on the parent's data, before anything else can fork.
+    unsafe { crate::clone::child_contain(&args.contain) }.map_err(|()| SpawnStage::Contain)?;
     unsafe {
         // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
         // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.

@@ -858,6 +858,9 @@ mod tests {
             envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
             cwd: c("/"),
             landlock_ruleset: None,
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
         }
     }
 
