@@ -459,7 +459,7 @@ impl CallCgroup {
         read_at(self.dir.raw(), "cgroup.events")
             .ok()
             .and_then(|t| keyed(&t, "populated"))
-            .is_none_or(|v| v != 0)
+            .map_or(true, |v| v != 0)
     }
 
     /// An fd on `cgroup.events` that raises EPOLLPRI when `populated` changes.
@@ -747,7 +747,7 @@ mod tests {
             landlock_ruleset: None,
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds(),
-            rlimits: vec![(libc::RLIMIT_NOFILE as u32, 77)],
+            rlimits: vec![(libc::RLIMIT_NOFILE, 77)],
         };
         let child = spawn(&plan).expect("spawn");
         assert_eq!(cg.members(), vec![child.pid]);

@@ -56,12 +56,13 @@ impl ChildContain {
 
 const CGROUP_PROCS: &[u8] = b"cgroup.procs\0";
 
-/// In the child: join every cgroup, then lower the rlimits. Raw syscalls only.
+/// In the child: join every cgroup, then lower the rlimits. Raw syscalls only; false on
+/// failure with errno set.
 ///
 /// # Safety
 /// Called between clone and exec in a child sharing the parent's memory; `c` is the
 /// parent's data, alive until the child execs.
-pub unsafe fn child_contain(c: &ChildContain) -> Result<(), ()> {
+pub unsafe fn child_contain(c: &ChildContain) -> bool {
     for &dir in &c.join {
         if dir < 0 {
             continue;
@@ -76,14 +77,14 @@ pub unsafe fn child_contain(c: &ChildContain) -> Result<(), ()> {
             )
         };
         if fd < 0 {
-            return Err(());
+            return false;
         }
         // SAFETY: as above; "0" moves the writing process.
         let n = unsafe { libc::syscall(libc::SYS_write, fd, b"0".as_ptr(), 1usize) };
         // SAFETY: closes the fd opened above.
         unsafe { libc::syscall(libc::SYS_close, fd) };
         if n < 0 {
-            return Err(());
+            return false;
         }
     }
     for &(resource, value) in &c.rlimits[..c.rlimit_count.min(MAX_RLIMITS)] {
@@ -99,10 +100,10 @@ pub unsafe fn child_contain(c: &ChildContain) -> Result<(), ()> {
             )
         };
         if r < 0 {
-            return Err(());
+            return false;
         }
     }
-    Ok(())
+    true
 }
 
 #[repr(C)]

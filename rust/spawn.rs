@@ -317,7 +317,9 @@ fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
     // SAFETY (whole function): raw syscalls on memory prepared by the parent; each failure
     // leaves errno set for `child_main` to report.
     // SAFETY: raw syscalls on the parent's data, before anything else can fork.
-    unsafe { crate::clone::child_contain(&args.contain) }.map_err(|()| SpawnStage::Contain)?;
+    if !unsafe { crate::clone::child_contain(&args.contain) } {
+        return Err(SpawnStage::Contain);
+    }
     unsafe {
         // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
         // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
