@@ -459,7 +459,7 @@ impl CallCgroup {
         read_at(self.dir.raw(), "cgroup.events")
             .ok()
             .and_then(|t| keyed(&t, "populated"))
-            .map_or(true, |v| v != 0)
+            != Some(0)
     }
 
     /// An fd on `cgroup.events` that raises EPOLLPRI when `populated` changes.
