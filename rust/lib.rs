@@ -7,6 +7,7 @@ pub mod clone;
 pub mod collector;
 pub mod env;
 pub mod errors;
+pub mod keeper;
 pub mod kill;
 pub mod landlock;
 pub mod spawn;
