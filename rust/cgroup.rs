@@ -485,6 +485,21 @@ impl CallCgroup {
     }
 }
 
+/// Re-arms an EPOLLPRI watch on `cgroup.events`: kernfs reports a change until the file
+/// is read again.
+pub fn rearm_events(fd: &OwnedFd) {
+    let mut buf = [0u8; 128];
+    // SAFETY: pread into a stack buffer from an fd we own.
+    unsafe {
+        libc::pread(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            0,
+        )
+    };
+}
+
 /// Parent name unique to this process and service.
 fn parent_name() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -571,6 +586,22 @@ impl ServiceCgroups {
 
     pub fn has_pids(&self) -> bool {
         self.v2_pids || self.pids_parent.is_some()
+    }
+
+    pub fn memory_controller(&self) -> Option<&'static str> {
+        if self.v2_memory {
+            Some("cgroup v2")
+        } else {
+            self.memory_parent.as_ref().map(|_| "cgroup v1")
+        }
+    }
+
+    pub fn pids_controller(&self) -> Option<&'static str> {
+        if self.v2_pids {
+            Some("cgroup v2")
+        } else {
+            self.pids_parent.as_ref().map(|_| "cgroup v1")
+        }
     }
 
     fn create(&self) -> io::Result<CallCgroup> {

@@ -51,6 +51,27 @@ pub fn count_group(pgid: libc::pid_t) -> usize {
     count
 }
 
+/// Zombie children of this process (of any of its threads), from
+/// `/proc/self/task/*/children`.
+pub fn zombie_children() -> Vec<libc::pid_t> {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(children) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if parse_stat(&stat).is_some_and(|(state, _)| state == 'Z') {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
 /// (state, pgrp) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
 fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
     let rest = &stat[stat.rfind(')')? + 1..];

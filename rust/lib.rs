@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod clone;
 pub mod collector;
+pub mod contain;
 pub mod env;
 pub mod errors;
 pub mod keeper;

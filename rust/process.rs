@@ -5,7 +5,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
-use crate::kill::signal_group;
+use crate::contain::{CallContainment, CallLimits, Resources};
 use crate::lifecycle::Phase;
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
@@ -20,6 +20,9 @@ pub struct ProcConfig {
     pub spill_cap: u64,
     pub grace: Duration,
     pub stdin: Vec<u8>,
+    /// The call's limits, and whether it gets a cgroup (where the host has them).
+    pub limits: CallLimits,
+    pub cgroup: bool,
 }
 
 /// How a process ended.
@@ -53,6 +56,7 @@ pub(crate) struct ProcState {
     pub finished: Option<Instant>,
     pub subscribers: Vec<Arc<Notifier>>,
     pub grace: Duration,
+    pub contain: CallContainment,
 }
 
 /// One managed process group, shared by the supervisor and its callers.
@@ -70,6 +74,7 @@ impl Proc {
         shared: Arc<Shared>,
         child: Spawned,
         cfg: ProcConfig,
+        contain: CallContainment,
         started: Instant,
     ) -> Self {
         Self {
@@ -99,6 +104,7 @@ impl Proc {
                 finished: None,
                 subscribers: Vec::new(),
                 grace: cfg.grace,
+                contain,
             }),
             done: Condvar::new(),
         }
@@ -123,7 +129,7 @@ impl Proc {
             return false;
         }
         st.kill_requested = true;
-        let _ = signal_group(self.pid, libc::SIGTERM);
+        st.contain.signal(self.pid, libc::SIGTERM);
         let at = Instant::now() + st.grace;
         st.kill_at = Some(at);
         drop(st);
@@ -202,6 +208,12 @@ impl Proc {
             system_cpu,
             max_rss_kib,
         })
+    }
+
+    /// Containment facts, once done.
+    pub fn resources(&self) -> Option<Resources> {
+        let st = lock(&self.state);
+        (st.phase == Phase::Done).then(|| st.contain.resources())
     }
 
     pub fn collected(&self) -> (Collected, Collected) {

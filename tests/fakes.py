@@ -206,6 +206,7 @@ class FakeExecutor(ShellExecutor):
             env=request.env,
             managed_env=request.managed_env,
             sandbox_policy=request.sandbox_policy,
+            limits=request.limits or ResourceLimits(),
         )
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:

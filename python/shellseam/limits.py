@@ -13,7 +13,7 @@ from typing import Literal
 
 from . import _core
 from .errors import INVALID_REQUEST, ShellError
-from .types import ResourceLimits
+from .types import LimitEnforcement, LimitName, ResourceLimits, ShellResources
 
 #: Largest value any limit accepts: rlimits and cgroup files take 64-bit values, and an
 #: i64 keeps every conversion exact.
@@ -78,3 +78,59 @@ def containment_facts() -> dict[str, object]:
         "limits": per_limit,
         "reason": facts.reason,
     }
+
+
+_WHOLE_CALL = (("memory_bytes", "tree_memory"), ("max_processes", "tree_processes"), ("cpu_ms", "tree_cpu"))
+#: How bash reports a job killed by SIGXFSZ / SIGXCPU (and the 128+n exit statuses).
+_XFSZ_TEXT, _XCPU_TEXT = "File size limit exceeded", "CPU time limit exceeded"
+_XFSZ, _XCPU = 25, 24
+
+
+def _enforcement(limits: ResourceLimits, raw: _core.Resources | None) -> LimitEnforcement | None:
+    asked = [name for name in LIMIT_FIELDS if getattr(limits, name) is not None]
+    if not asked:
+        return None
+    for name, tree in _WHOLE_CALL:
+        if getattr(limits, name) is not None and not (raw is not None and getattr(raw, tree)):
+            return "process"
+    whole_call = {name for name, _ in _WHOLE_CALL}
+    return "tree" if any(name in whole_call for name in asked) else "process"
+
+
+def _killed_by(signum: int | None, exit_code: int | None, stderr_tail: str, sig: int, text: str) -> bool:
+    return signum == sig or exit_code == 128 + sig or text in stderr_tail
+
+
+def build_resources(
+    limits: ResourceLimits,
+    raw: _core.Resources | None,
+    *,
+    exit_code: int | None,
+    signum: int | None,
+    stderr_tail: str,
+    rusage_cpu_ms: float,
+) -> ShellResources:
+    """The ``ShellResources`` of a settled call from the core's facts and its status.
+
+    The core knows the cgroup's verdicts (OOM kill, refused forks, CPU kill); a file-size
+    hit, and a CPU hit under a per-process rlimit, are read from how the command ended
+    (the signal, bash's 128+n status, or bash's message about a killed job).
+    """
+    exceeded: LimitName | None = None
+    if raw is not None and raw.limit_exceeded is not None:
+        exceeded = raw.limit_exceeded  # type: ignore[assignment]
+    elif limits.cpu_ms is not None and not (raw is not None and raw.tree_cpu):
+        if _killed_by(signum, exit_code, stderr_tail, _XCPU, _XCPU_TEXT):
+            exceeded = "cpu"
+    if exceeded is None and limits.file_size_bytes is not None:
+        if _killed_by(signum, exit_code, stderr_tail, _XFSZ, _XFSZ_TEXT):
+            exceeded = "file_size"
+    cpu_ms = raw.cpu_ms if raw is not None and raw.cpu_ms is not None else rusage_cpu_ms
+    return ShellResources(
+        containment="cgroup" if raw is not None and raw.cgroup else "session",
+        enforcement=_enforcement(limits, raw),
+        limits=limits,
+        limit_exceeded=exceeded,
+        peak_memory_bytes=raw.peak_memory_bytes if raw is not None else None,
+        cpu_ms=cpu_ms,
+    )

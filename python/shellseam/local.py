@@ -19,11 +19,14 @@ from typing import Literal
 from . import _core
 from .abort import AbortSignal
 from .errors import DISPOSED, INVALID_REQUEST, ShellError
+from .limits import build_resources, check_limits, request_limits, tighten
 from .executor import ShellExecutor
 from .process import ShellProcess, signal_name
 from .service import SubprocessService, default_service
 from .types import (
     CollectedOutput,
+    ResourceLimits,
+    ShellResources,
     SandboxMode,
     SandboxPolicy,
     ShellExecRequest,
@@ -45,6 +48,10 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
 Cause = Literal["timeout", "abort"]
+ContainmentMode = Literal["auto", "session"]
+
+#: The default ceilings: a fork bomb stops at 4096 processes instead of taking the host.
+DEFAULT_LIMITS = ResourceLimits(max_processes=4096)
 
 
 def _bash_path() -> bytes:
@@ -137,6 +144,26 @@ _EMPTY = CollectedOutput(
 )
 
 
+def _resources_stamp(spec: ShellExecSpec) -> Callable[[_core.Proc], ShellResources | None]:
+    """Derives a settled background process's resources from the core's facts."""
+
+    def stamp(proc: _core.Proc) -> ShellResources | None:
+        outcome = proc.outcome()
+        if outcome is None:
+            return None
+        exit_code, signum, _ms, _left, _kill, user_ms, sys_ms, _rss = outcome
+        return build_resources(
+            spec.limits,
+            proc.resources(),
+            exit_code=exit_code,
+            signum=signum,
+            stderr_tail=proc.collected()[1][0],
+            rusage_cpu_ms=user_ms + sys_ms,
+        )
+
+    return stamp
+
+
 class LocalShellExecutor(ShellExecutor):
     """Runs each command as a fresh non-login ``bash -c`` with the harness's privileges."""
 
@@ -153,6 +180,8 @@ class LocalShellExecutor(ShellExecutor):
         grace_ms: int = 3_000,
         scrub_patterns: Sequence[str] = ("*KEY*", "*SECRET*", "*TOKEN*"),
         managed_prefix: str = "DSH_",
+        limits: ResourceLimits = DEFAULT_LIMITS,
+        containment: ContainmentMode = "auto",
         service: SubprocessService | None = None,
     ) -> None:
         for name, value in (
@@ -164,6 +193,10 @@ class LocalShellExecutor(ShellExecutor):
             _positive_int(value, name)
         if isinstance(grace_ms, bool) or not isinstance(grace_ms, int) or grace_ms < 0:
             raise _invalid(f"grace_ms must be a non-negative integer, got {grace_ms!r}")
+        self.limits = check_limits(limits, where="limits")
+        if containment not in ("auto", "session"):
+            raise ValueError(f'containment must be "auto" or "session", got {containment!r}')
+        self.containment: ContainmentMode = containment
         self.cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
         self.timeout_ms = timeout_ms
         self.max_timeout_ms = max_timeout_ms
@@ -210,6 +243,7 @@ class LocalShellExecutor(ShellExecutor):
             _check_text(request.stdin, "stdin")
         _check_env(request.env, "env")
         _check_env(request.managed_env, "managed_env")
+        asked = None if request.limits is None else request_limits(request.limits)
         return ShellExecSpec(
             command=command,
             workdir=workdir,
@@ -220,6 +254,7 @@ class LocalShellExecutor(ShellExecutor):
             env=request.env,
             managed_env=request.managed_env,
             sandbox_policy=self._stamp_policy(request.sandbox_policy),
+            limits=tighten(self.limits, asked),
         )
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy | None:
@@ -272,12 +307,14 @@ class LocalShellExecutor(ShellExecutor):
             spill_cap=self.max_spill_bytes,
             grace_ms=self.grace_ms,
             ruleset=ruleset,
+            limits=request_limits(spec.limits),
+            cgroup=self.containment == "auto",
         )
 
     def _result(self, spec: ShellExecSpec, proc: _core.Proc, cause: Cause | None) -> ShellRunResult:
         finished = proc.result()
         assert finished is not None, "a result is built only for a finished process"
-        (exit_code, signum, duration_ms, leftover, *_), out, err = finished
+        (exit_code, signum, duration_ms, leftover, _, user_ms, sys_ms, _), out, err = finished
         stderr = _collected(err)
         return ShellRunResult(
             exit_code=exit_code,
@@ -290,6 +327,14 @@ class LocalShellExecutor(ShellExecutor):
             duration_ms=duration_ms,
             leftover_killed=leftover,
             sandbox=self._sandbox_info(spec, exit_code, stderr.text),
+            resources=build_resources(
+                spec.limits,
+                proc.resources(),
+                exit_code=exit_code,
+                signum=signum,
+                stderr_tail=stderr.text,
+                rusage_cpu_ms=user_ms + sys_ms,
+            ),
         )
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
@@ -375,4 +420,6 @@ class LocalShellExecutor(ShellExecutor):
                 assert info is not None
                 return info
 
-        return ShellProcess(service=service, proc=proc, sandbox_stamp=stamp)
+        return ShellProcess(
+            service=service, proc=proc, sandbox_stamp=stamp, resources_stamp=_resources_stamp(spec)
+        )

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
+from .types import ProcessStatus, ShellProcessRead, ShellResources, ShellSandboxInfo
 
 if TYPE_CHECKING:
     from . import _core
@@ -24,6 +24,8 @@ STDERR_SECTION = "\n[stderr]\n"
 
 #: Derives the sandbox facts of a settled process from its exit code and stderr tail.
 SandboxStamp = Callable[[int | None, str], ShellSandboxInfo]
+#: Derives the resources of a settled process (None while it runs).
+ResourcesStamp = Callable[["_core.Proc"], ShellResources | None]
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -52,6 +54,7 @@ class ShellProcess:
         spawn_failure: str | None = None,
         sandbox_stamp: SandboxStamp | None = None,
         failed_sandbox: ShellSandboxInfo | None = None,
+        resources_stamp: ResourcesStamp | None = None,
     ) -> None:
         self._service = service
         self._proc = proc
@@ -61,6 +64,8 @@ class ShellProcess:
         self._failed_sandbox = failed_sandbox
         self._lock = threading.Lock()
         self._sandbox: ShellSandboxInfo | None = None
+        self._resources_stamp = resources_stamp
+        self._resources: ShellResources | None = None
 
     # -- state -------------------------------------------------------------------------
 
@@ -99,6 +104,16 @@ class ShellProcess:
                 stderr_tail = self._proc.collected()[1][0]
                 self._sandbox = self._stamp(outcome[0], stderr_tail)
             return self._sandbox
+
+    @property
+    def resources(self) -> ShellResources | None:
+        """Containment and limit facts; None while running and for a spawn failure."""
+        if self._proc is None or self._resources_stamp is None:
+            return None
+        with self._lock:
+            if self._resources is None:
+                self._resources = self._resources_stamp(self._proc)
+            return self._resources
 
     # -- reading -----------------------------------------------------------------------
 

@@ -13,12 +13,14 @@ import asyncio
 import atexit
 import logging
 import os
+import sys
 import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 
 from . import _core
+from .types import ResourceLimits
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 
 _log = logging.getLogger("shellseam")
@@ -29,7 +31,30 @@ _STAGE_REASONS = {
     "pipes": "cannot create pipes",
     "clone": "cannot create a process",
     "forked-child": "unusable in a forked child",
+    "contain": "cannot apply the call's cgroup or limits",
 }
+
+
+#: The keeper process (see rust/keeper.rs): a bare interpreter that loads this extension
+#: from its file, without importing the package or site, and runs its keeper loop on stdin.
+_KEEPER_BOOTSTRAP = """\
+import sys
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+loader = ExtensionFileLoader("shellseam._core", sys.argv[1])
+core = module_from_spec(spec_from_loader("shellseam._core", loader))
+loader.exec_module(core)
+sys.exit(core._keeper_main(0))
+"""
+
+
+def _keeper_command() -> tuple[bytes, list[bytes]] | None:
+    """How to start the keeper; None when this interpreter cannot be re-executed."""
+    executable, library = sys.executable, getattr(_core, "__file__", None)
+    if not executable or not library:
+        return None
+    argv = [executable, "-I", "-S", "-c", _KEEPER_BOOTSTRAP, library]
+    return os.fsencode(executable), [os.fsencode(a) for a in argv]
 
 
 class _LoopWaiters:
@@ -52,7 +77,7 @@ class SubprocessService:
 
     def __init__(self, *, spill_parent: str | None = None, keep_spill: bool = False) -> None:
         parent = spill_parent if spill_parent is not None else tempfile.gettempdir()
-        self._supervisor = _core.Supervisor(parent)
+        self._supervisor = _core.Supervisor(parent, _keeper_command(), keep_spill)
         self.keep_spill = keep_spill
         self._lock = threading.Lock()
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
@@ -74,6 +99,11 @@ class SubprocessService:
         return self._supervisor.spill_dir
 
     @property
+    def keeper_pid(self) -> int | None:
+        """The keeper process's pid, once the first call started it."""
+        return self._supervisor.keeper_pid
+
+    @property
     def running(self) -> int:
         """Processes not yet settled."""
         return self._supervisor.running
@@ -93,6 +123,8 @@ class SubprocessService:
         spill_cap: int,
         grace_ms: int,
         ruleset: _core.Ruleset | None = None,
+        limits: ResourceLimits | None = None,
+        cgroup: bool = True,
     ) -> _core.Proc:
         """Spawns one process group; raises ``ShellError`` with an exact reason."""
         try:
@@ -111,6 +143,8 @@ class SubprocessService:
                 spill_cap=spill_cap,
                 grace_ms=grace_ms,
                 ruleset=ruleset,
+                limits=_limits_tuple(limits),
+                cgroup=cgroup,
             )
         except _core.DisposedError:
             raise ShellError(DISPOSED, "the subprocess service has been disposed") from None
@@ -204,6 +238,18 @@ class SubprocessService:
         for proc in self._supervisor.begin_dispose():
             await self.wait_async(proc)
         self.dispose(keep_spill)
+
+
+def _limits_tuple(limits: ResourceLimits | None) -> _core._Limits:
+    if limits is None:
+        return (None, None, None, None, None)
+    return (
+        limits.memory_bytes,
+        limits.max_processes,
+        limits.cpu_ms,
+        limits.file_size_bytes,
+        limits.open_files,
+    )
 
 
 _default: SubprocessService | None = None

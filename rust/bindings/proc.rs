@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use super::contain::Resources;
 use super::notifier::Notifier;
 use super::{collected_tuple, delta_tuple, wait_with_signals, CollectedTuple, DeltaTuple};
 use crate::process::Proc as CoreProc;
@@ -79,6 +80,11 @@ impl Proc {
         let outcome = self.outcome()?;
         let (out, err) = self.collected();
         Some((outcome, out, err))
+    }
+
+    /// Containment facts, or None while running.
+    fn resources(&self) -> Option<Resources> {
+        self.inner.resources().map(Resources::from)
     }
 
     /// ((text, truncated, spill_path, total_bytes, spill_truncated) for stdout, then stderr).

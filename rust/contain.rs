@@ -1,0 +1,218 @@
+//! Containment of one call, as the lifecycle sees it: who "the call's processes" are, how
+//! they are signalled and counted, what limits apply and which one was hit.
+//!
+//! Under cgroup containment the call's processes are every member of its cgroup (even ones
+//! that left the session); otherwise its process group. Whole-call limits go to cgroup
+//! controllers where the service has them (`tree`), else to per-process rlimits
+//! (`process`); file size and open files are always rlimits.
+
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
+use crate::kill::{count_group, group_alive, signal_group};
+
+/// The limits of one call, as validated by the Python layer (`None`: no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallLimits {
+    pub memory_bytes: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub cpu_ms: Option<u64>,
+    pub file_size_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+}
+
+/// Which limit a call hit (as far as the core can tell; a file-size hit is read from the
+/// command's status by the Python layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitHit {
+    Memory,
+    Processes,
+    Cpu,
+}
+
+impl LimitHit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Processes => "processes",
+            Self::Cpu => "cpu",
+        }
+    }
+}
+
+/// Containment facts of a finished call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resources {
+    pub cgroup: bool,
+    /// Whether each whole-call limit is enforced for the whole tree.
+    pub tree_memory: bool,
+    pub tree_processes: bool,
+    pub tree_cpu: bool,
+    pub limit_hit: Option<LimitHit>,
+    pub peak_memory_bytes: Option<u64>,
+    /// From the cgroup; None under session containment (the caller uses rusage).
+    pub cpu_usec: Option<u64>,
+}
+
+/// The outcome of a CPU-limit check.
+pub(crate) enum CpuCheck {
+    NotDue,
+    /// Under the limit: check again at this time.
+    Again(Instant),
+    /// Over the limit: kill the call.
+    Exceeded,
+}
+
+/// How often a call with a CPU limit has its CPU time checked.
+fn cpu_check_interval(cpu_ms: u64) -> Duration {
+    Duration::from_millis((cpu_ms / 4).clamp(10, 250))
+}
+
+/// The containment state of one call, owned by its `ProcState`.
+pub(crate) struct CallContainment {
+    pub cgroup: Option<CallCgroup>,
+    contained: bool,
+    tree_memory: bool,
+    tree_processes: bool,
+    cpu_limit_usec: Option<u64>,
+    pub next_cpu_check: Option<Instant>,
+    cpu_exceeded: bool,
+    usage: Option<Usage>,
+    /// `cgroup.events`, watched for EPOLLPRI while leftovers are being reaped.
+    pub events: Option<(OwnedFd, Option<u64>)>,
+}
+
+impl CallContainment {
+    /// Prepares a call: takes a cgroup from `cgroups` (when containing) with the tree
+    /// limits applied, and returns the rlimits the child must set.
+    pub fn prepare(
+        cgroups: Option<&ServiceCgroups>,
+        limits: &CallLimits,
+    ) -> std::io::Result<(Self, Vec<(u32, u64)>)> {
+        let cgroup = match cgroups {
+            Some(set) => Some(set.acquire(TreeLimits {
+                memory_bytes: limits.memory_bytes.filter(|_| set.has_memory()),
+                max_processes: limits.max_processes.filter(|_| set.has_pids()),
+            })?),
+            None => None,
+        };
+        let tree_memory = cgroups.is_some_and(ServiceCgroups::has_memory);
+        let tree_processes = cgroups.is_some_and(ServiceCgroups::has_pids);
+        let mut rlimits = Vec::new();
+        if let Some(v) = limits.file_size_bytes {
+            rlimits.push((libc::RLIMIT_FSIZE, v));
+        }
+        if let Some(v) = limits.open_files {
+            rlimits.push((libc::RLIMIT_NOFILE, v));
+        }
+        if let (Some(v), false) = (limits.memory_bytes, tree_memory) {
+            rlimits.push((libc::RLIMIT_AS, v));
+        }
+        let cpu_limit_usec = match (limits.cpu_ms, cgroup.is_some()) {
+            (Some(ms), true) => Some(ms.saturating_mul(1000)),
+            (Some(ms), false) => {
+                rlimits.push((libc::RLIMIT_CPU, ms.div_ceil(1000).max(1)));
+                None
+            }
+            (None, _) => None,
+        };
+        let next_cpu_check = limits
+            .cpu_ms
+            .filter(|_| cpu_limit_usec.is_some())
+            .map(|ms| Instant::now() + cpu_check_interval(ms));
+        Ok((
+            Self {
+                contained: cgroup.is_some(),
+                cgroup,
+                tree_memory,
+                tree_processes,
+                cpu_limit_usec,
+                next_cpu_check,
+                cpu_exceeded: false,
+                usage: None,
+                events: None,
+            },
+            rlimits,
+        ))
+    }
+
+    /// Signals every process of the call: the cgroup's members, else the group.
+    pub fn signal(&self, pgid: libc::pid_t, sig: libc::c_int) {
+        let _ = signal_group(pgid, sig);
+        if let Some(cg) = &self.cgroup {
+            if sig == libc::SIGKILL {
+                let _ = cg.kill_all();
+            } else {
+                cg.signal_all(sig);
+            }
+        }
+    }
+
+    /// Live processes of the call (the leader already reaped).
+    pub fn count_alive(&self, pgid: libc::pid_t) -> usize {
+        match &self.cgroup {
+            Some(cg) => cg.members().len(),
+            None if group_alive(pgid) => count_group(pgid),
+            None => 0,
+        }
+    }
+
+    /// Whether anything of the call is still running.
+    pub fn any_alive(&self, pgid: libc::pid_t) -> bool {
+        match &self.cgroup {
+            Some(cg) => cg.populated(),
+            None => group_alive(pgid) && count_group(pgid) > 0,
+        }
+    }
+
+    /// Checks the CPU limit when a check is due.
+    pub fn check_cpu(&mut self, now: Instant) -> CpuCheck {
+        let (Some(limit), Some(at), Some(cg)) =
+            (self.cpu_limit_usec, self.next_cpu_check, &self.cgroup)
+        else {
+            return CpuCheck::NotDue;
+        };
+        if now < at {
+            return CpuCheck::NotDue;
+        }
+        if cg.cpu_usec() > limit {
+            self.cpu_exceeded = true;
+            self.next_cpu_check = None;
+            return CpuCheck::Exceeded;
+        }
+        let next = now + cpu_check_interval(limit / 1000);
+        self.next_cpu_check = Some(next);
+        CpuCheck::Again(next)
+    }
+
+    /// Reads the call's accounting; done once, before completion is signalled.
+    pub fn stamp(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            self.usage = Some(cg.usage());
+        }
+        self.next_cpu_check = None;
+    }
+
+    pub fn resources(&self) -> Resources {
+        let usage = self.usage.unwrap_or_default();
+        let limit_hit = if self.cpu_exceeded {
+            Some(LimitHit::Cpu)
+        } else if usage.oom_killed {
+            Some(LimitHit::Memory)
+        } else if usage.forks_refused {
+            Some(LimitHit::Processes)
+        } else {
+            None
+        };
+        Resources {
+            cgroup: self.contained,
+            tree_memory: self.tree_memory,
+            tree_processes: self.tree_processes,
+            tree_cpu: self.contained,
+            limit_hit,
+            peak_memory_bytes: self.usage.and_then(|u| u.peak_memory_bytes),
+            cpu_usec: self.usage.map(|u| u.cpu_usec),
+        }
+    }
+}
