@@ -260,10 +260,11 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// One cgroup directory of a call (v2 or one v1 controller).
+/// One cgroup directory of a call (v2 or one v1 controller). Its fd is open only while a
+/// call uses it: idle pooled cgroups hold no descriptors.
 struct Dir {
     path: PathBuf,
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
 }
 
 impl Dir {
@@ -273,12 +274,20 @@ impl Dir {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        let fd = open_dir(&path)?;
+        let fd = Some(open_dir(&path)?);
         Ok(Self { path, fd })
     }
 
+    fn open(&mut self) -> io::Result<()> {
+        if self.fd.is_none() {
+            self.fd = Some(open_dir(&self.path)?);
+        }
+        Ok(())
+    }
+
+    /// The open fd (-1 when closed: every use then fails cleanly with EBADF).
     fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 }
 
@@ -291,6 +300,10 @@ pub struct CallCgroup {
     v2_memory: bool,
     v2_pids: bool,
     applied: TreeLimits,
+    /// `cgroup.kill` was written: on this kernel generation a later
+    /// `clone3(CLONE_INTO_CGROUP)` into it compares kill sequence numbers of two different
+    /// cgroups and SIGKILLs the new child, so a killed cgroup is never reused.
+    killed: bool,
     cpu_base: u64,
     pids_max_base: u64,
     oom_base: u64,
@@ -380,6 +393,24 @@ impl CallCgroup {
             self.applied.max_processes = limits.max_processes;
         }
         Ok(())
+    }
+
+    fn dirs(&mut self) -> impl Iterator<Item = &mut Dir> {
+        [
+            Some(&mut self.dir),
+            self.memory.as_mut(),
+            self.pids.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    fn open(&mut self) -> io::Result<()> {
+        self.dirs().try_for_each(Dir::open)
+    }
+
+    fn close(&mut self) {
+        self.dirs().for_each(|d| d.fd = None);
     }
 
     /// Reads the baselines of counters that cannot be reset and resets the memory peak;
@@ -480,7 +511,8 @@ impl CallCgroup {
     }
 
     /// SIGKILLs every member at once, including ones forked while we look.
-    pub fn kill_all(&self) -> io::Result<()> {
+    pub fn kill_all(&mut self) -> io::Result<()> {
+        self.killed = true;
         write_at(self.dir.raw(), "cgroup.kill", "1")
     }
 }
@@ -626,6 +658,7 @@ impl ServiceCgroups {
             v2_memory: self.v2_memory,
             v2_pids: self.v2_pids,
             applied: TreeLimits::default(),
+            killed: false,
             cpu_base: 0,
             pids_max_base: 0,
             oom_base: 0,
@@ -641,7 +674,7 @@ impl ServiceCgroups {
             Some(cg) => cg,
             None => self.create()?,
         };
-        if let Err(e) = cg.apply(limits) {
+        if let Err(e) = cg.open().and_then(|()| cg.apply(limits)) {
             remove(cg);
             return Err(e);
         }
@@ -651,11 +684,16 @@ impl ServiceCgroups {
     /// Returns an emptied cgroup to the pool (or removes it); one still populated is left
     /// alone until the service goes away.
     pub fn release(&self, mut cg: CallCgroup) {
+        if cg.killed {
+            remove(cg);
+            return;
+        }
         if cg.populated() {
             // Members that would not die: never reuse it; `remove_all` retries the rmdir.
             return;
         }
         cg.rebase();
+        cg.close();
         let mut pool = lock(&self.pool);
         if pool.len() < POOL_MAX {
             pool.push(cg);
@@ -763,7 +801,7 @@ mod tests {
             return;
         }
         let svc = ServiceCgroups::new(h).expect("service cgroups");
-        let cg = svc
+        let mut cg = svc
             .acquire(TreeLimits {
                 memory_bytes: None,
                 max_processes: Some(8),
@@ -808,7 +846,9 @@ mod tests {
         unsafe { libc::waitpid(child.pid, &mut status, 0) };
         assert!(libc::WIFSIGNALED(status));
         assert!(!cg.populated());
+        let killed = cg.path().to_path_buf();
         svc.release(cg);
+        assert!(!killed.exists(), "a killed cgroup is removed, never pooled");
         svc.remove_all();
         assert!(!svc.parent().exists());
     }

@@ -138,9 +138,9 @@ impl CallContainment {
     }
 
     /// Signals every process of the call: the cgroup's members, else the group.
-    pub fn signal(&self, pgid: libc::pid_t, sig: libc::c_int) {
+    pub fn signal(&mut self, pgid: libc::pid_t, sig: libc::c_int) {
         let _ = signal_group(pgid, sig);
-        if let Some(cg) = &self.cgroup {
+        if let Some(cg) = &mut self.cgroup {
             if sig == libc::SIGKILL {
                 let _ = cg.kill_all();
             } else {
