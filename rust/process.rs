@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
 use crate::contain::{CallContainment, CallLimits, Resources};
+use crate::kill::signal_group;
 use crate::lifecycle::Phase;
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
@@ -118,7 +119,8 @@ impl Proc {
         lock(&self.state).phase == Phase::Done
     }
 
-    /// Requests termination: SIGTERM to the group now, SIGKILL after the grace period.
+    /// Requests termination: SIGTERM to the group now, SIGKILL to the whole call after the
+    /// grace period.
     /// False when the process already finished or a kill is already under way.
     pub fn kill(&self) -> bool {
         if !self.shared.in_owner() {
@@ -129,7 +131,10 @@ impl Proc {
             return false;
         }
         st.kill_requested = true;
-        st.contain.signal(self.pid, libc::SIGTERM);
+        // SIGTERM goes to the session's group; once the shell has exited, whatever is left
+        // in the call's cgroup (escapees included) is a leftover: counted, then terminated.
+        // The SIGKILL after the grace covers the whole cgroup.
+        let _ = signal_group(self.pid, libc::SIGTERM);
         let at = Instant::now() + st.grace;
         st.kill_at = Some(at);
         drop(st);
