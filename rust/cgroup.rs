@@ -816,7 +816,7 @@ mod tests {
             landlock_ruleset: None,
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds(),
-            rlimits: vec![(libc::RLIMIT_NOFILE, 77)],
+            rlimits: vec![(libc::RLIMIT_NOFILE, 77, 77)],
         };
         let child = spawn(&plan).expect("spawn");
         assert_eq!(cg.members(), vec![child.pid]);

@@ -24,16 +24,16 @@ pub const MAX_JOINS: usize = 3;
 pub struct ChildContain {
     /// Cgroup directory fds to join; -1 marks an unused slot.
     pub join: [RawFd; MAX_JOINS],
-    /// `(resource, value)`: both the soft and the hard limit are set to `value`.
-    pub rlimits: [(u32, u64); MAX_RLIMITS],
+    /// `(resource, soft, hard)`.
+    pub rlimits: [(u32, u64, u64); MAX_RLIMITS],
     pub rlimit_count: usize,
 }
 
 impl ChildContain {
-    pub fn new(join: &[RawFd], rlimits: &[(u32, u64)]) -> Self {
+    pub fn new(join: &[RawFd], rlimits: &[(u32, u64, u64)]) -> Self {
         let mut out = Self {
             join: [-1; MAX_JOINS],
-            rlimits: [(0, 0); MAX_RLIMITS],
+            rlimits: [(0, 0, 0); MAX_RLIMITS],
             rlimit_count: 0,
         };
         for (slot, fd) in out.join.iter_mut().zip(join) {
@@ -87,8 +87,8 @@ pub unsafe fn child_contain(c: &ChildContain) -> bool {
             return false;
         }
     }
-    for &(resource, value) in &c.rlimits[..c.rlimit_count.min(MAX_RLIMITS)] {
-        let lim = [value, value];
+    for &(resource, soft, hard) in &c.rlimits[..c.rlimit_count.min(MAX_RLIMITS)] {
+        let lim = [soft, hard];
         // SAFETY: prlimit64 on ourselves with a valid two-u64 struct.
         let r = unsafe {
             libc::syscall(

@@ -89,7 +89,7 @@ impl CallContainment {
     pub fn prepare(
         cgroups: Option<&ServiceCgroups>,
         limits: &CallLimits,
-    ) -> std::io::Result<(Self, Vec<(u32, u64)>)> {
+    ) -> std::io::Result<(Self, Vec<(u32, u64, u64)>)> {
         let cgroup = match cgroups {
             Some(set) => Some(set.acquire(TreeLimits {
                 memory_bytes: limits.memory_bytes.filter(|_| set.has_memory()),
@@ -101,18 +101,21 @@ impl CallContainment {
         let tree_processes = cgroups.is_some_and(ServiceCgroups::has_pids);
         let mut rlimits = Vec::new();
         if let Some(v) = limits.file_size_bytes {
-            rlimits.push((libc::RLIMIT_FSIZE, v));
+            rlimits.push((libc::RLIMIT_FSIZE, v, v));
         }
         if let Some(v) = limits.open_files {
-            rlimits.push((libc::RLIMIT_NOFILE, v));
+            rlimits.push((libc::RLIMIT_NOFILE, v, v));
         }
         if let (Some(v), false) = (limits.memory_bytes, tree_memory) {
-            rlimits.push((libc::RLIMIT_AS, v));
+            rlimits.push((libc::RLIMIT_AS, v, v));
         }
         let cpu_limit_usec = match (limits.cpu_ms, cgroup.is_some()) {
             (Some(ms), true) => Some(ms.saturating_mul(1000)),
             (Some(ms), false) => {
-                rlimits.push((libc::RLIMIT_CPU, ms.div_ceil(1000).max(1)));
+                // SIGXCPU at the soft limit (the status names it), SIGKILL a second later
+                // for a command that ignores it.
+                let secs = ms.div_ceil(1000).max(1);
+                rlimits.push((libc::RLIMIT_CPU, secs, secs + 1));
                 None
             }
             (None, _) => None,

@@ -32,7 +32,8 @@ pub struct SpawnPlan {
     /// the v1 cgroup directories it joins before exec, and the rlimits it sets.
     pub cgroup: Option<RawFd>,
     pub join_cgroups: Vec<RawFd>,
-    pub rlimits: Vec<(u32, u64)>,
+    /// `(resource, soft, hard)`.
+    pub rlimits: Vec<(u32, u64, u64)>,
 }
 
 /// The parent's ends of the child's stdio pipes.

@@ -83,7 +83,7 @@ def containment_facts() -> dict[str, object]:
 _WHOLE_CALL = (("memory_bytes", "tree_memory"), ("max_processes", "tree_processes"), ("cpu_ms", "tree_cpu"))
 #: How bash reports a job killed by SIGXFSZ / SIGXCPU (and the 128+n exit statuses).
 _XFSZ_TEXT, _XCPU_TEXT = "File size limit exceeded", "CPU time limit exceeded"
-_XFSZ, _XCPU = 25, 24
+_XFSZ, _XCPU, _SIGKILL = 25, 24, 9
 
 
 def _enforcement(limits: ResourceLimits, raw: _core.Resources | None) -> LimitEnforcement | None:
@@ -120,7 +120,9 @@ def build_resources(
     if raw is not None and raw.limit_exceeded is not None:
         exceeded = raw.limit_exceeded  # type: ignore[assignment]
     elif limits.cpu_ms is not None and not (raw is not None and raw.tree_cpu):
-        if _killed_by(signum, exit_code, stderr_tail, _XCPU, _XCPU_TEXT):
+        # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (one second on).
+        killed_over = signum == _SIGKILL and rusage_cpu_ms >= limits.cpu_ms
+        if killed_over or _killed_by(signum, exit_code, stderr_tail, _XCPU, _XCPU_TEXT):
             exceeded = "cpu"
     if exceeded is None and limits.file_size_bytes is not None:
         if _killed_by(signum, exit_code, stderr_tail, _XFSZ, _XFSZ_TEXT):
