@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::contain::CpuCheck;
 use crate::pipes::OutStream;
-use crate::process::{Proc, ProcState};
+use crate::process::{LeaderExit, Proc, ProcState};
 use crate::sys::{lock, reap_nonblocking, Reaped};
 
 /// How often the group of a process in its Reaping phase is polled (no event exists for
@@ -29,6 +29,13 @@ fn reap_poll(st: &ProcState) -> Duration {
 }
 /// How long SIGKILLed leftovers may take to vanish before the call completes regardless.
 const SIGKILL_SETTLE: Duration = Duration::from_secs(2);
+
+/// `now + wait`, saturating a century ahead instead of panicking on overflow (a grace of
+/// 2^64 ms crosses the boundary as a valid u64).
+pub(crate) fn after(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -49,13 +56,11 @@ impl Timers {
         self.heap.extend(timers.into_iter().map(Reverse));
     }
 
-    /// Milliseconds until the earliest deadline (rounded up so that the loop never wakes
-    /// just before a deadline and spins), -1 when there is none.
-    pub fn timeout_ms(&self, now: Instant) -> i32 {
-        self.heap.peek().map_or(-1, |Reverse((at, _))| {
-            let wait = at.saturating_duration_since(now);
-            wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-        })
+    /// Time until the earliest deadline, None when there is none.
+    pub fn timeout(&self, now: Instant) -> Option<Duration> {
+        self.heap
+            .peek()
+            .map(|Reverse((at, _))| at.saturating_duration_since(now))
     }
 
     /// Removes and returns the token of a timer due at `now`.
@@ -123,13 +128,10 @@ fn close_pidfd(proc: &Proc, st: &mut ProcState) {
 /// The pidfd became readable: collect the leader's status.
 pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
     match reap_nonblocking(proc.pid) {
-        Reaped::Exited(status, usage) => {
-            st.wait_status = Some(status);
-            st.rusage = Some(usage);
-        }
+        Reaped::Exited(status, usage) => st.leader = Some(LeaderExit::Status(status, usage)),
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
-        // what we can instead of waiting forever.
-        Reaped::Lost => st.wait_status = Some(0),
+        // that the status is unknown instead of waiting forever or making one up.
+        Reaped::Lost => st.leader = Some(LeaderExit::Unknown),
         Reaped::Running => return,
     }
     close_pidfd(proc, st);
@@ -142,12 +144,12 @@ fn pipes_closed(st: &ProcState) -> bool {
 /// Moves a process on after an event of its own.
 pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
     match st.phase {
-        Phase::Running if st.wait_status.is_some() => {
+        Phase::Running if st.leader.is_some() => {
             if pipes_closed(st) {
                 begin_reap(proc, st, now);
             } else {
                 st.phase = Phase::Draining;
-                let at = now + st.grace;
+                let at = after(now, st.grace);
                 st.deadline = Some(at);
                 proc.shared.add_timer(at, proc.token, false);
             }
@@ -167,7 +169,7 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
         st.phase = Phase::Reaping {
             sigkill_sent: false,
         };
-        st.deadline = Some(now + st.grace);
+        st.deadline = Some(after(now, st.grace));
         proc.shared.watch_cgroup_events(proc.token, &mut st.contain);
         proc.shared
             .add_timer(now + reap_poll(st), proc.token, false);
@@ -255,15 +257,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn deadlines_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(3600 * 24 * 365));
+        assert_eq!(
+            after(now, Duration::from_millis(5)),
+            now + Duration::from_millis(5)
+        );
+    }
+
+    #[test]
     fn timers_pop_in_deadline_order() {
         let now = Instant::now();
         let mut t = Timers::default();
-        assert_eq!(t.timeout_ms(now), -1);
+        assert_eq!(t.timeout(now), None);
         t.extend([(now + Duration::from_millis(20), 2), (now, 1)]);
-        assert_eq!(t.timeout_ms(now), 0);
+        assert_eq!(t.timeout(now), Some(Duration::ZERO));
         assert_eq!(t.pop_due(now), Some(1));
         assert_eq!(t.pop_due(now), None);
-        assert_eq!(t.timeout_ms(now), 20);
+        assert_eq!(t.timeout(now), Some(Duration::from_millis(20)));
         assert_eq!(t.pop_due(now + Duration::from_millis(20)), Some(2));
     }
 }

@@ -2,15 +2,17 @@
 //! `wait`) when subscribed processes finish, and hands over their tokens.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::sys::{eventfd, eventfd_read, eventfd_write, lock, poll_readable};
+use nix::sys::eventfd::EventFd;
+
+use crate::sys::{eventfd, eventfd_clear, eventfd_raise, lock, poll_readable};
 
 /// Wakes a waiter (e.g. an asyncio loop reading `fd()`) when subscribed processes finish.
 pub struct Notifier {
-    efd: OwnedFd,
+    efd: EventFd,
     queue: Mutex<Vec<u64>>,
 }
 
@@ -28,17 +30,17 @@ impl Notifier {
 
     pub(crate) fn push(&self, token: u64) {
         lock(&self.queue).push(token);
-        eventfd_write(&self.efd);
+        eventfd_raise(&self.efd);
     }
 
     /// Wakes a blocked `wait` without queueing a token.
     pub fn wake(&self) {
-        eventfd_write(&self.efd);
+        eventfd_raise(&self.efd);
     }
 
     /// Tokens of the processes that finished since the last call (never blocks).
     pub fn take(&self) -> Vec<u64> {
-        eventfd_read(&self.efd);
+        eventfd_clear(&self.efd);
         std::mem::take(&mut *lock(&self.queue))
     }
 

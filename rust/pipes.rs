@@ -2,7 +2,10 @@
 //! stdio range, non-blocking), draining output into a collector and feeding stdin.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 use crate::collector::{Collector, SpillOpener};
 
@@ -15,41 +18,26 @@ const LARGE_PIPE_BYTES: libc::c_int = 256 * 1024;
 /// Reads per drain before yielding to other processes (fairness).
 const READS_PER_DRAIN: usize = 64;
 
-fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
 /// A pipe whose both ends are close-on-exec.
 pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1 as RawFd; 2];
-    // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded, so both fds are fresh and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
 /// Moves `fd` above the stdio range so that the child's dup onto 0..2 never aliases it
 /// (a harness that closed its own stdin would otherwise get pipe fds 0..2 back).
 pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }
-    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd that we then own.
-    let new = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) })?;
-    // SAFETY: `new` was just returned by fcntl and is owned by nobody else.
+    let new = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    // SAFETY: F_DUPFD_CLOEXEC succeeded, so `new` is a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a valid fd only change its status flags.
-    unsafe {
-        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
-        cvt(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-    }
+pub fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
+    let flags = OFlag::from_bits_retain(fcntl(&fd, FcntlArg::F_GETFL)?);
+    fcntl(&fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
     Ok(())
 }
 
@@ -80,34 +68,27 @@ impl OutStream {
         final_pass: bool,
         open_spill: SpillOpener<'_>,
     ) -> bool {
-        let Some(fd) = self.fd.as_ref().map(|fd| fd.as_raw_fd()) else {
+        let Some(fd) = self.fd.as_ref() else {
             return false;
         };
         for _ in 0..READS_PER_DRAIN {
-            // SAFETY: reads into `scratch`, which is valid for `scratch.len()` bytes.
-            let n =
-                unsafe { libc::read(fd, scratch.as_mut_ptr() as *mut libc::c_void, scratch.len()) };
-            if n > 0 {
-                let n = n as usize;
-                self.collector.push(&scratch[..n], open_spill);
-                if !self.grown && n >= DEFAULT_PIPE_BYTES {
-                    // A producer that fills the default pipe gets a larger one: fewer wakeups.
-                    // SAFETY: F_SETPIPE_SZ on a valid pipe fd; failure (limits) is harmless.
-                    unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, LARGE_PIPE_BYTES) };
-                    self.grown = true;
+            match nix::unistd::read(fd, scratch) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    self.collector.push(&scratch[..n], open_spill);
+                    if !self.grown && n >= DEFAULT_PIPE_BYTES {
+                        // A producer that fills the default pipe gets a larger one: fewer
+                        // wake-ups. Failure (the per-user pipe limit) is harmless.
+                        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(LARGE_PIPE_BYTES));
+                        self.grown = true;
+                    }
+                    if n < scratch.len() && !final_pass {
+                        return false;
+                    }
                 }
-                if n < scratch.len() && !final_pass {
-                    return false;
-                }
-                continue;
-            }
-            if n == 0 {
-                return true;
-            }
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => return false,
-                _ => return true,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return false,
+                Err(_) => return true,
             }
         }
         false
@@ -135,22 +116,16 @@ impl StdinFeed {
     /// Writes what the pipe takes. True when everything is written (or the reader went
     /// away) and the pipe must be closed.
     pub fn write(&mut self) -> bool {
-        let Some(fd) = self.fd.as_ref().map(|fd| fd.as_raw_fd()) else {
+        let Some(fd) = self.fd.as_ref() else {
             return false;
         };
         while self.off < self.data.len() {
-            let rest = &self.data[self.off..];
-            // SAFETY: writes from a live slice to a non-blocking pipe.
-            let n = unsafe { libc::write(fd, rest.as_ptr() as *const libc::c_void, rest.len()) };
-            if n >= 0 {
-                self.off += n as usize;
-                continue;
-            }
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => return false,
+            match nix::unistd::write(fd, &self.data[self.off..]) {
+                Ok(n) => self.off += n,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return false,
                 // EPIPE: the command exited or closed stdin without reading; not an error.
-                _ => return true,
+                Err(_) => return true,
             }
         }
         true

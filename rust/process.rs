@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::collector::{Collected, Collector, Delta};
 use crate::contain::{CallContainment, CallLimits, Resources};
 use crate::kill::signal_group;
-use crate::lifecycle::Phase;
+use crate::lifecycle::{after, Phase};
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
 use crate::spawn::Spawned;
@@ -37,6 +37,17 @@ pub struct Outcome {
     pub user_cpu: Duration,
     pub system_cpu: Duration,
     pub max_rss_kib: i64,
+    /// Somebody else reaped the leader (a stray `waitpid(-1)`): its status is lost, and
+    /// `exit_code`/`signal` are None rather than a made-up 0.
+    pub exit_status_unknown: bool,
+}
+
+/// What became of the group leader.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LeaderExit {
+    Status(libc::c_int, libc::rusage),
+    /// ECHILD: reaped by someone else.
+    Unknown,
 }
 
 /// Everything the supervisor and the callers share about one process, under its lock.
@@ -47,8 +58,7 @@ pub(crate) struct ProcState {
     pub stdin: StdinFeed,
     pub pidfd: Option<std::os::fd::OwnedFd>,
     pub pidfd_key: Option<u64>,
-    pub wait_status: Option<libc::c_int>,
-    pub rusage: Option<libc::rusage>,
+    pub leader: Option<LeaderExit>,
     pub kill_requested: bool,
     pub kill_at: Option<Instant>,
     pub deadline: Option<Instant>,
@@ -95,8 +105,7 @@ impl Proc {
                 stdin: StdinFeed::new(child.pipes.stdin, cfg.stdin),
                 pidfd: Some(child.pidfd),
                 pidfd_key: None,
-                wait_status: None,
-                rusage: None,
+                leader: None,
                 kill_requested: false,
                 kill_at: None,
                 deadline: None,
@@ -135,7 +144,7 @@ impl Proc {
         // in the call's cgroup (escapees included) is a leftover: counted, then terminated.
         // The SIGKILL after the grace covers the whole cgroup.
         let _ = signal_group(self.pid, libc::SIGTERM);
-        let at = Instant::now() + st.grace;
+        let at = after(Instant::now(), st.grace);
         st.kill_at = Some(at);
         drop(st);
         self.shared.add_timer(at, self.token, true);
@@ -189,18 +198,21 @@ impl Proc {
         if st.phase != Phase::Done {
             return None;
         }
-        let status = st.wait_status.unwrap_or(0);
-        let (exit_code, signal) = if libc::WIFSIGNALED(status) {
-            (None, Some(libc::WTERMSIG(status)))
-        } else {
-            (Some(libc::WEXITSTATUS(status)), None)
-        };
         let tv = |t: libc::timeval| {
             Duration::from_secs(t.tv_sec.max(0) as u64)
                 + Duration::from_micros(t.tv_usec.max(0) as u64)
         };
-        let (user_cpu, system_cpu, max_rss_kib) =
-            st.rusage.map_or((Duration::ZERO, Duration::ZERO, 0), |r| {
+        let (exit_code, signal, usage) = match st.leader {
+            Some(LeaderExit::Status(status, usage)) if libc::WIFSIGNALED(status) => {
+                (None, Some(libc::WTERMSIG(status)), Some(usage))
+            }
+            Some(LeaderExit::Status(status, usage)) => {
+                (Some(libc::WEXITSTATUS(status)), None, Some(usage))
+            }
+            Some(LeaderExit::Unknown) | None => (None, None, None),
+        };
+        let (user_cpu, system_cpu, max_rss_kib) = usage
+            .map_or((Duration::ZERO, Duration::ZERO, 0), |r| {
                 (tv(r.ru_utime), tv(r.ru_stime), r.ru_maxrss)
             });
         Some(Outcome {
@@ -212,6 +224,7 @@ impl Proc {
             user_cpu,
             system_cpu,
             max_rss_kib,
+            exit_status_unknown: !matches!(st.leader, Some(LeaderExit::Status(..))),
         })
     }
 

@@ -84,7 +84,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let stderr_w = above_stdio(stderr_w).map_err(pipe_err)?;
     let report_w = above_stdio(report_w).map_err(pipe_err)?;
     for fd in [&stdin_w, &stdout_r, &stderr_r] {
-        set_nonblocking(fd.as_raw_fd()).map_err(pipe_err)?;
+        set_nonblocking(fd).map_err(pipe_err)?;
     }
 
     let argv = null_terminated(&plan.argv);

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
 use crate::contain::CallContainment;
-use crate::errors::CoreError;
+use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::keeper::Keeper;
 use crate::kill::signal_group;
 use crate::lifecycle::{self, Timers};
@@ -29,8 +29,11 @@ use crate::spawn::{spawn, SpawnPlan};
 use crate::spill::SpillDir;
 use crate::sys::{
     block_signals_in_this_thread, epoll_add, epoll_create, epoll_del, epoll_event_buffer,
-    epoll_event_key, epoll_wait, eventfd, eventfd_read, eventfd_write, getpid, lock, reap_blocking,
+    epoll_wait, eventfd, eventfd_clear, eventfd_raise, getpid, lock, readable, reap_blocking,
+    writable,
 };
+use nix::sys::epoll::{Epoll, EpollFlags};
+use nix::sys::eventfd::EventFd;
 
 /// What an epoll registration watches; the u64 is the process token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +55,8 @@ const EVENT_BATCH: usize = 256;
 
 /// State shared by the supervisor thread, the service and every process.
 pub(crate) struct Shared {
-    epfd: OwnedFd,
-    wake: OwnedFd,
+    epoll: Epoll,
+    wake: EventFd,
     /// epoll registration key -> what it watches. A key is never reused, so an event
     /// left over from a closed registration routes nowhere.
     routes: Mutex<HashMap<u64, Source>>,
@@ -98,7 +101,7 @@ impl Shared {
     pub fn add_timer(&self, at: Instant, token: u64, wake: bool) {
         lock(&self.timers_in).push((at, token));
         if wake {
-            eventfd_write(&self.wake);
+            eventfd_raise(&self.wake);
         }
     }
 
@@ -107,10 +110,10 @@ impl Shared {
     }
 
     /// Registers `fd` for `events`; returns the key its events will carry.
-    fn watch(&self, fd: &OwnedFd, events: u32, source: Source) -> io::Result<u64> {
+    fn watch(&self, fd: &OwnedFd, events: EpollFlags, source: Source) -> io::Result<u64> {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         lock(&self.routes).insert(key, source);
-        if let Err(err) = epoll_add(&self.epfd, fd.as_raw_fd(), events, key) {
+        if let Err(err) = epoll_add(&self.epoll, fd, events, key) {
             lock(&self.routes).remove(&key);
             return Err(err);
         }
@@ -120,7 +123,7 @@ impl Shared {
     /// Deregisters `fd` (a no-op when it never was: `key` is None).
     pub fn unwatch(&self, fd: &OwnedFd, key: Option<u64>) {
         if let Some(key) = key {
-            epoll_del(&self.epfd, fd.as_raw_fd());
+            epoll_del(&self.epoll, fd);
             lock(&self.routes).remove(&key);
         }
     }
@@ -190,7 +193,7 @@ impl Shared {
         if let Ok(fd) = cg.events_fd() {
             crate::cgroup::rearm_events(&fd);
             let key = self
-                .watch(&fd, libc::EPOLLPRI as u32, Source::Cgroup(token))
+                .watch(&fd, EpollFlags::EPOLLPRI, Source::Cgroup(token))
                 .ok();
             contain.events = Some((fd, key));
         }
@@ -207,7 +210,7 @@ impl Shared {
             Some(cg) => {
                 reap_adopted_zombies(cg.path());
                 lock(&self.releases).push(cg);
-                eventfd_write(&self.wake);
+                eventfd_raise(&self.wake);
             }
             None => self.tell_keeper(|k| k.send(&format!("ungroup {pgid}"))),
         }
@@ -257,12 +260,12 @@ fn reap_adopted_zombies(cgroup: &std::path::Path) {
 
 impl Service {
     pub fn new(spill_parent: PathBuf) -> io::Result<Self> {
-        let epfd = epoll_create()?;
+        let epoll = epoll_create()?;
         let wake = eventfd()?;
-        epoll_add(&epfd, wake.as_raw_fd(), libc::EPOLLIN as u32, WAKE_KEY)?;
+        epoll_add(&epoll, &wake, readable(), WAKE_KEY)?;
         Ok(Self {
             shared: Arc::new(Shared {
-                epfd,
+                epoll,
                 wake,
                 routes: Mutex::new(HashMap::from([(WAKE_KEY, Source::Wake)])),
                 next_key: AtomicU64::new(WAKE_KEY + 1),
@@ -297,7 +300,7 @@ impl Service {
         lock(&self.thread).is_some()
     }
 
-    fn ensure_thread(&self) -> Result<(), CoreError> {
+    fn ensure_thread(&self) -> io::Result<()> {
         let mut thread = lock(&self.thread);
         if thread.is_none() {
             let shared = Arc::clone(&self.shared);
@@ -334,7 +337,8 @@ impl Service {
         if self.is_disposed() {
             return Err(CoreError::Disposed);
         }
-        self.ensure_thread()?;
+        self.ensure_thread()
+            .map_err(|e| SpawnError::from_io(SpawnStage::Supervise, &e))?;
         let started = Instant::now();
         let cgroups = if cfg.cgroup {
             self.shared.cgroups()
@@ -409,7 +413,7 @@ impl Service {
                     self.shared.unwatch(&fd, key);
                 }
             }
-            return Err(CoreError::Io(err));
+            return Err(SpawnError::from_io(SpawnStage::Supervise, &err).into());
         }
         Ok(proc)
     }
@@ -422,7 +426,7 @@ impl Service {
         // Write what fits right away; only a command that does not read yet needs EPOLLOUT.
         lifecycle::feed_stdin(proc, &mut st);
         let st = &mut *st;
-        let input = libc::EPOLLIN as u32;
+        let input = readable();
         if let Some(fd) = &st.stdout.fd {
             st.stdout.key = Some(shared.watch(fd, input, Source::Stdout(token))?);
         }
@@ -430,7 +434,7 @@ impl Service {
             st.stderr.key = Some(shared.watch(fd, input, Source::Stderr(token))?);
         }
         if let Some(fd) = &st.stdin.fd {
-            let output = libc::EPOLLOUT as u32;
+            let output = writable();
             st.stdin.key = Some(shared.watch(fd, output, Source::Stdin(token))?);
         }
         if let Some(fd) = &st.pidfd {
@@ -465,7 +469,7 @@ impl Service {
             proc.wait(None);
         }
         self.shared.stop.store(true, Ordering::SeqCst);
-        eventfd_write(&self.shared.wake);
+        eventfd_raise(&self.shared.wake);
         if let Some(handle) = lock(&self.thread).take() {
             let _ = handle.join();
         }
@@ -503,14 +507,14 @@ fn supervise(shared: &Arc<Shared>) {
         if shared.stop.load(Ordering::SeqCst) && lock(&shared.live).is_empty() {
             break;
         }
-        let n = epoll_wait(&shared.epfd, &mut events, timers.timeout_ms(Instant::now()));
+        let n = epoll_wait(&shared.epoll, &mut events, timers.timeout(Instant::now()));
         for ev in &events[..n] {
-            let Some(source) = shared.route(epoll_event_key(ev)) else {
+            let Some(source) = shared.route(ev.data()) else {
                 continue;
             };
             let token = match source {
                 Source::Wake => {
-                    eventfd_read(&shared.wake);
+                    eventfd_clear(&shared.wake);
                     continue;
                 }
                 Source::Stdout(t)

@@ -1,9 +1,20 @@
-//! Thin, checked wrappers over the parent-side syscalls of the supervisor: epoll, eventfd,
-//! signal masks. (The code between clone and exec lives in `spawn.rs` and stays raw.)
+//! The parent-side syscalls of the supervisor, on `nix`: epoll, eventfd, poll, signal
+//! masks, waitpid. Only `wait4` stays raw here: nix has no call that returns the rusage of
+//! one reaped child. (The code between clone and exec lives in `spawn.rs` and stays raw.)
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::signal::SigSet;
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+
+pub(crate) use nix::sys::epoll::EpollEvent as Event;
 
 /// Locks `m`; a panic while holding a lock must not wedge every later caller.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -11,126 +22,92 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 pub(crate) fn getpid() -> libc::pid_t {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() }
+    nix::unistd::getpid().as_raw()
 }
 
-pub(crate) fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd returns a new fd or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+/// A non-blocking, close-on-exec eventfd used as a wake-up flag.
+pub(crate) fn eventfd() -> std::io::Result<EventFd> {
+    Ok(EventFd::from_value_and_flags(
+        0,
+        EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+    )?)
+}
+
+/// Raises the flag. It cannot fail short of the counter overflowing (2^64 - 2 raises
+/// without a read), where the flag is raised already.
+pub(crate) fn eventfd_raise(efd: &EventFd) {
+    let _ = efd.write(1);
+}
+
+/// Lowers the flag; EAGAIN (it was not raised) is not an error.
+pub(crate) fn eventfd_clear(efd: &EventFd) {
+    let _ = efd.read();
+}
+
+/// A poll/epoll timeout: None waits forever; durations round up to whole milliseconds so
+/// that a waiter never wakes just before its deadline and spins, and saturate at i32::MAX.
+pub(crate) fn poll_timeout(timeout: Option<Duration>) -> PollTimeout {
+    match timeout {
+        None => PollTimeout::NONE,
+        Some(t) => {
+            let ms = t.as_micros().div_ceil(1000);
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
     }
-    // SAFETY: `fd` is fresh and owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-pub(crate) fn eventfd_write(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
-    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-}
-
-pub(crate) fn eventfd_read(fd: &OwnedFd) {
-    let mut value: u64 = 0;
-    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd.
-    unsafe {
-        libc::read(
-            fd.as_raw_fd(),
-            &mut value as *mut u64 as *mut libc::c_void,
-            8,
-        )
-    };
 }
 
 /// Waits up to `timeout` (None: forever) for `fd` to become readable.
-pub(crate) fn poll_readable(fd: &OwnedFd, timeout: Option<std::time::Duration>) {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
-    // SAFETY: polls one valid pollfd owned by this frame.
-    unsafe { libc::poll(&mut pfd, 1, ms) };
+pub(crate) fn poll_readable(fd: impl AsFd, timeout: Option<Duration>) {
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    // EINTR and friends: the caller looks at its state again either way.
+    let _ = nix::poll::poll(&mut fds, poll_timeout(timeout));
 }
 
-pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
-    // SAFETY: epoll_create1 returns a new fd or -1.
-    let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if epfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `epfd` is fresh and owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(epfd) })
+pub(crate) fn epoll_create() -> std::io::Result<Epoll> {
+    Ok(Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?)
 }
 
-pub(crate) fn epoll_add(epfd: &OwnedFd, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: data };
-    // SAFETY: registers a valid fd with a valid epoll instance; `ev` is copied by the kernel.
-    if unsafe { libc::epoll_ctl(epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+pub(crate) fn readable() -> EpollFlags {
+    EpollFlags::EPOLLIN
 }
 
-pub(crate) fn epoll_del(epfd: &OwnedFd, fd: RawFd) {
-    // SAFETY: removing a registered fd; a stale registration is harmless (ENOENT).
-    unsafe {
-        libc::epoll_ctl(
-            epfd.as_raw_fd(),
-            libc::EPOLL_CTL_DEL,
-            fd,
-            std::ptr::null_mut(),
-        )
-    };
+pub(crate) fn writable() -> EpollFlags {
+    EpollFlags::EPOLLOUT
 }
 
-pub(crate) type EpollEvent = libc::epoll_event;
-
-pub(crate) fn epoll_event_buffer(len: usize) -> Vec<EpollEvent> {
-    vec![libc::epoll_event { events: 0, u64: 0 }; len]
+pub(crate) fn epoll_add(
+    epoll: &Epoll,
+    fd: impl AsFd,
+    events: EpollFlags,
+    key: u64,
+) -> std::io::Result<()> {
+    Ok(epoll.add(fd, EpollEvent::new(events, key))?)
 }
 
-/// The user data of an event (the registration key).
-pub(crate) fn epoll_event_key(ev: &EpollEvent) -> u64 {
-    ev.u64
+/// Removes a registration; a stale one (ENOENT) is harmless.
+pub(crate) fn epoll_del(epoll: &Epoll, fd: &OwnedFd) {
+    let _ = epoll.delete(fd);
+}
+
+pub(crate) fn epoll_event_buffer(len: usize) -> Vec<Event> {
+    vec![EpollEvent::empty(); len]
 }
 
 /// Waits for events; an error (EINTR) counts as none.
-pub(crate) fn epoll_wait(epfd: &OwnedFd, events: &mut [EpollEvent], timeout_ms: i32) -> usize {
-    // SAFETY: `events` is a valid buffer of `events.len()` epoll_event entries.
-    let n = unsafe {
-        libc::epoll_wait(
-            epfd.as_raw_fd(),
-            events.as_mut_ptr(),
-            events.len().min(i32::MAX as usize) as libc::c_int,
-            timeout_ms,
-        )
-    };
-    if n < 0 {
-        0
-    } else {
-        n as usize
-    }
+pub(crate) fn epoll_wait(epoll: &Epoll, events: &mut [Event], timeout: Option<Duration>) -> usize {
+    epoll.wait(events, poll_timeout(timeout)).unwrap_or(0)
 }
 
 /// Blocks every signal in the calling thread: signals belong to the harness's threads; a
 /// SIGPIPE from a stdin write stays pending here instead of killing anything.
 pub(crate) fn block_signals_in_this_thread() {
-    // SAFETY: sigset_t is plain data, filled by sigfillset and read by pthread_sigmask.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-    }
+    // Cannot fail with a valid set and how.
+    let _ = SigSet::all().thread_block();
 }
 
 /// Reaps our own child, blocking (used when a spawn is abandoned).
 pub(crate) fn reap_blocking(pid: libc::pid_t) {
-    let mut status = 0;
-    // SAFETY: reaps our own child; `status` is a valid out-pointer.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    while waitpid(Pid::from_raw(pid), None) == Err(Errno::EINTR) {}
 }
 
 /// What `wait4(pid, WNOHANG)` found.
@@ -143,15 +120,48 @@ pub(crate) enum Reaped {
 
 pub(crate) fn reap_nonblocking(pid: libc::pid_t) -> Reaped {
     let mut status: libc::c_int = 0;
-    // SAFETY: rusage is plain data filled by wait4.
+    // SAFETY: rusage is plain old data; all-zero is a valid value that wait4 overwrites.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: reaps our own child without blocking; out-pointers are valid.
-    let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-    if r == pid {
-        Reaped::Exited(status, usage)
-    } else if r < 0 {
-        Reaped::Lost
-    } else {
-        Reaped::Running
+    loop {
+        // SAFETY: reaps our own child without blocking; both out-pointers point at live
+        // locals of this frame. Raw because nix has no wait4 (status with rusage).
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r < 0 && Errno::last() == Errno::EINTR {
+            continue;
+        }
+        return match r {
+            0 => Reaped::Running,
+            r if r == pid => Reaped::Exited(status, usage),
+            _ => Reaped::Lost,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_timeouts_round_up_and_saturate() {
+        assert_eq!(poll_timeout(None), PollTimeout::NONE);
+        assert_eq!(poll_timeout(Some(Duration::ZERO)), PollTimeout::ZERO);
+        assert_eq!(
+            poll_timeout(Some(Duration::from_micros(1))),
+            PollTimeout::from(1u8)
+        );
+        assert_eq!(
+            poll_timeout(Some(Duration::from_secs(u64::MAX))),
+            PollTimeout::MAX
+        );
+    }
+
+    #[test]
+    fn eventfd_flag_raises_and_clears() {
+        let efd = eventfd().unwrap();
+        eventfd_clear(&efd); // not raised: EAGAIN, ignored
+        eventfd_raise(&efd);
+        eventfd_raise(&efd);
+        assert_eq!(efd.read(), Ok(2));
+        assert_eq!(efd.read(), Err(Errno::EAGAIN));
     }
 }

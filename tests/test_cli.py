@@ -54,6 +54,7 @@ def test_json_output_has_dataclass_fields(tmp_path: object) -> None:
         "leftover_killed",
         "sandbox",
         "resources",
+        "exit_status_unknown",
     }
     assert set(data["stdout"]) == {
         "text",

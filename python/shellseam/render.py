@@ -17,13 +17,15 @@ from .types import CollectedOutput, ShellResources, ShellRunResult
 
 _EXIT_MARKER = re.compile(r"\[exit code: (-?[0-9]+)\]")
 _SIGNAL_MARKER = re.compile(r"\[killed by signal: (.+)\]")
+EXIT_STATUS_UNKNOWN_MARKER = "[exit status unknown]"
 
 
 class ExitStatus(TypedDict, total=False):
-    """A parsed final marker: exactly one key, ``exit_code`` or ``signal``."""
+    """A parsed final marker: exactly one key, ``exit_code``, ``signal`` or ``unknown``."""
 
     exit_code: int
     signal: str
+    unknown: bool
 
 
 def join_parts(parts: Iterable[str]) -> str:
@@ -55,12 +57,17 @@ def _truncation_marker(stream: CollectedOutput) -> str:
     return f"[output truncated; first {saved_bytes} bytes saved: {stream.spill_path}]"
 
 
-def _exit_status_marker(exit_code: int | None, signal: str | None) -> str | None:
+def _exit_status_marker(
+    exit_code: int | None, signal: str | None, unknown: bool = False
+) -> str | None:
     """The final marker line for a termination, or None when there is nothing to report.
 
-    A signal wins over an exit code. Neither is set only for a run that never spawned (its
-    abort signal had already fired): no status is invented for it.
+    A status reaped by someone else is said to be unknown; a signal wins over an exit
+    code. Neither is set otherwise only for a run that never spawned (its abort signal had
+    already fired): no status is invented for it.
     """
+    if unknown:
+        return EXIT_STATUS_UNKNOWN_MARKER
     if signal is not None:
         return f"[killed by signal: {signal}]"
     if exit_code is not None:
@@ -110,7 +117,7 @@ def render_result(result: ShellRunResult) -> str:
         parts.append("[stopped 1 leftover background process]")
     elif result.leftover_killed > 1:
         parts.append(f"[stopped {result.leftover_killed} leftover background processes]")
-    final = _exit_status_marker(result.exit_code, result.signal)
+    final = _exit_status_marker(result.exit_code, result.signal, result.exit_status_unknown)
     if final is not None:
         parts.append(final)
     return join_parts(parts)
@@ -121,7 +128,8 @@ def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
 
     Only the last line is examined. When it is exactly ``[exit code: N]`` the status is
     ``{"exit_code": N}``; when it is exactly ``[killed by signal: NAME]`` it is
-    ``{"signal": NAME}``; ``body`` is then the text before that line without the newline
+    ``{"signal": NAME}``; when it is exactly ``[exit status unknown]`` it is
+    ``{"unknown": True}``; ``body`` is then the text before that line without the newline
     preceding it. Otherwise the status is None and ``body`` is ``text`` unchanged.
 
     Known presentation-only residue (as in the seed): the parser cannot tell a rendered
@@ -136,6 +144,8 @@ def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
         return body, {"exit_code": int(m.group(1))}
     if m := _SIGNAL_MARKER.fullmatch(last):
         return body, {"signal": m.group(1)}
+    if last == EXIT_STATUS_UNKNOWN_MARKER:
+        return body, {"unknown": True}
     return text, None
 
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::{collected_tuple, delta_tuple, CollectedTuple, DeltaTuple};
+use super::records::{Collected, ReadDelta};
 use crate::collector::Collector as CoreCollector;
 use crate::spill::SpillDir;
 
@@ -36,16 +36,16 @@ impl Collector {
     }
 
     /// The stream so far (buffered spill bytes are written out first).
-    fn collected(&self) -> CollectedTuple {
+    fn collected(&self) -> Collected {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         guard.0.flush();
-        collected_tuple(guard.0.collected())
+        guard.0.collected().into()
     }
 
     #[pyo3(signature = (final_read=false))]
-    fn read(&self, final_read: bool) -> DeltaTuple {
+    fn read(&self, final_read: bool) -> ReadDelta {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        delta_tuple(guard.0.read(final_read))
+        guard.0.read(final_read).into()
     }
 
     fn tail_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {

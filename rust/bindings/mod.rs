@@ -1,5 +1,5 @@
 //! The Python face of the core (`shellseam._core`), one file per class: small, frozen
-//! classes that return primitives. Python adds the dataclasses, defaults and asyncio; every blocking call here
+//! classes and frozen records (`records.rs`). Python adds the dataclasses, defaults and asyncio; every blocking call here
 //! releases the GIL, and long waits check for Python signals between short slices.
 
 mod collector;
@@ -7,51 +7,71 @@ mod contain;
 mod env;
 mod notifier;
 mod proc;
+mod records;
 mod ruleset;
 mod supervisor;
 
 use std::ffi::CString;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::collector::{Collected, Delta};
-use crate::errors::CoreError;
+use crate::errors::{CoreError, SpawnError as CoreSpawnError, SpawnStage};
 
 create_exception!(
     _core,
-    SpawnError,
+    NativeError,
     PyException,
-    "A spawn failed: args are (stage, errno, message)."
+    "A failure of the native core: args are (code, message, errno, stage), where code is the\n\
+     ShellError code, errno the OS error number (0 when none) and stage where a spawn failed."
+);
+create_exception!(
+    _core,
+    SpawnError,
+    NativeError,
+    "A spawn failed (code SPAWN_FAILED, or SANDBOX_UNAVAILABLE at stage \"sandbox\")."
 );
 create_exception!(
     _core,
     DisposedError,
-    PyException,
-    "The service has been disposed."
+    NativeError,
+    "The service has been disposed (code DISPOSED)."
 );
 create_exception!(
     _core,
     SandboxError,
-    PyException,
-    "A Landlock ruleset could not be built."
+    NativeError,
+    "A Landlock ruleset could not be built (code SANDBOX_UNAVAILABLE)."
 );
 
 /// Slice length of GIL-released waits between checks for Python signals (Ctrl-C).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
+/// The one conversion of native errors: the ShellError code, errno and spawn stage survive
+/// as fields instead of being flattened into a message.
 impl From<CoreError> for PyErr {
     fn from(err: CoreError) -> Self {
         let text = err.to_string();
         match err {
-            CoreError::Disposed => DisposedError::new_err(text),
+            CoreError::Disposed => DisposedError::new_err(("DISPOSED", text, 0, None::<&str>)),
             CoreError::Invalid(msg) => PyValueError::new_err(msg),
-            CoreError::ForkedChild => SpawnError::new_err(("forked-child", 0, text)),
-            CoreError::Spawn(e) => SpawnError::new_err((e.stage.name(), e.errno, e.strerror())),
-            CoreError::Io(e) => PyOSError::new_err(e.to_string()),
+            CoreError::ForkedChild => {
+                SpawnError::new_err(("SPAWN_FAILED", text, 0, Some("forked-child")))
+            }
+            CoreError::Spawn(e) => {
+                let code = if e.stage == SpawnStage::Sandbox {
+                    "SANDBOX_UNAVAILABLE"
+                } else {
+                    "SPAWN_FAILED"
+                };
+                SpawnError::new_err((code, e.strerror(), e.errno, Some(e.stage.name())))
+            }
+            CoreError::Io(e) => match e.raw_os_error() {
+                Some(errno) => PyOSError::new_err((errno, CoreSpawnError::strerror_of(errno))),
+                None => PyOSError::new_err(e.to_string()),
+            },
         }
     }
 }
@@ -60,22 +80,13 @@ pub(crate) fn cstring(bytes: Vec<u8>, what: &str) -> PyResult<CString> {
     CString::new(bytes).map_err(|_| PyValueError::new_err(format!("{what} contains a NUL byte")))
 }
 
-fn path_str(p: &Option<PathBuf>) -> Option<String> {
-    p.as_ref().map(|p| p.to_string_lossy().into_owned())
-}
-
-pub(crate) type CollectedTuple = (String, bool, Option<String>, u64, bool);
-
-pub(crate) fn collected_tuple(c: Collected) -> CollectedTuple {
-    let spill = path_str(&c.spill_path);
-    (c.text, c.truncated, spill, c.total_bytes, c.spill_truncated)
-}
-
-pub(crate) type DeltaTuple = (String, bool, Option<String>);
-
-pub(crate) fn delta_tuple(d: Delta) -> DeltaTuple {
-    let spill = path_str(&d.spill_path);
-    (d.text, d.lossy, spill)
+/// A wait timeout in seconds as a Duration: negative or NaN is zero; infinite, or too
+/// large to represent, is None (no timeout).
+pub(crate) fn duration_from_secs(secs: f64) -> Option<Duration> {
+    if secs.is_nan() || secs <= 0.0 {
+        return Some(Duration::ZERO);
+    }
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// Waits in GIL-released slices so that Ctrl-C reaches Python while a command runs.
@@ -84,7 +95,8 @@ pub(crate) fn wait_with_signals(
     timeout: Option<f64>,
     mut wait: impl FnMut(Duration) -> bool + Send,
 ) -> PyResult<bool> {
-    let deadline = timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+    let deadline =
+        timeout.and_then(|t| std::time::Instant::now().checked_add(duration_from_secs(t)?));
     loop {
         let slice = match deadline {
             Some(d) => {
@@ -121,6 +133,12 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ruleset::landlock_abi, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_missing, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_fs_rights, m)?)?;
+    m.add_class::<records::Rusage>()?;
+    m.add_class::<records::Outcome>()?;
+    m.add_class::<records::Collected>()?;
+    m.add_class::<records::ReadDelta>()?;
+    m.add_class::<records::Finished>()?;
+    m.add("NativeError", m.py().get_type::<NativeError>())?;
     m.add("SpawnError", m.py().get_type::<SpawnError>())?;
     m.add("DisposedError", m.py().get_type::<DisposedError>())?;
     m.add("SandboxError", m.py().get_type::<SandboxError>())?;

@@ -1,10 +1,10 @@
 //! `_core.Notifier`: wakes an asyncio loop when subscribed processes finish.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 
+use super::duration_from_secs;
 use crate::errors::CoreError;
 use crate::notifier::Notifier as CoreNotifier;
 
@@ -43,6 +43,7 @@ impl Notifier {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> Vec<u64> {
         let inner = Arc::clone(&self.inner);
-        py.detach(move || inner.wait(timeout.map(|t| Duration::from_secs_f64(t.max(0.0)))))
+        let timeout = timeout.and_then(duration_from_secs);
+        py.detach(move || inner.wait(timeout))
     }
 }

@@ -6,7 +6,8 @@ use pyo3::prelude::*;
 
 use super::contain::Resources;
 use super::notifier::Notifier;
-use super::{collected_tuple, delta_tuple, wait_with_signals, CollectedTuple, DeltaTuple};
+use super::records::{Collected, Finished, Outcome, ReadDelta};
+use super::wait_with_signals;
 use crate::process::Proc as CoreProc;
 
 /// One managed process group.
@@ -50,36 +51,20 @@ impl Proc {
         self.inner.subscribe(Arc::clone(&notifier.inner));
     }
 
-    /// (exit_code, signal_number, duration_ms, leftover_killed, kill_requested,
-    ///  user_cpu_ms, system_cpu_ms, max_rss_kib), or None while running.
-    #[allow(clippy::type_complexity)]
-    fn outcome(&self) -> Option<(Option<i32>, Option<i32>, f64, u32, bool, f64, f64, i64)> {
-        self.inner.outcome().map(|o| {
-            (
-                o.exit_code,
-                o.signal,
-                o.duration.as_secs_f64() * 1000.0,
-                o.leftover_killed,
-                o.kill_requested,
-                o.user_cpu.as_secs_f64() * 1000.0,
-                o.system_cpu.as_secs_f64() * 1000.0,
-                o.max_rss_kib,
-            )
-        })
+    /// How it ended, or None while running.
+    fn outcome(&self) -> Option<Outcome> {
+        self.inner.outcome().map(Outcome::from)
     }
 
-    /// (outcome, stdout collected, stderr collected) in one call, or None while running.
-    #[allow(clippy::type_complexity)]
-    fn result(
-        &self,
-    ) -> Option<(
-        (Option<i32>, Option<i32>, f64, u32, bool, f64, f64, i64),
-        CollectedTuple,
-        CollectedTuple,
-    )> {
+    /// The outcome and both collected streams in one call, or None while running.
+    fn result(&self) -> Option<Finished> {
         let outcome = self.outcome()?;
-        let (out, err) = self.collected();
-        Some((outcome, out, err))
+        let (stdout, stderr) = self.collected();
+        Some(Finished {
+            outcome,
+            stdout,
+            stderr,
+        })
     }
 
     /// Containment facts, or None while running.
@@ -87,15 +72,15 @@ impl Proc {
         self.inner.resources().map(Resources::from)
     }
 
-    /// ((text, truncated, spill_path, total_bytes, spill_truncated) for stdout, then stderr).
-    fn collected(&self) -> (CollectedTuple, CollectedTuple) {
+    /// Both streams as collected so far: (stdout, stderr).
+    fn collected(&self) -> (Collected, Collected) {
         let (out, err) = self.inner.collected();
-        (collected_tuple(out), collected_tuple(err))
+        (out.into(), err.into())
     }
 
-    /// Consuming read: ((text, lossy, spill_path) for stdout, then stderr).
-    fn read(&self) -> (DeltaTuple, DeltaTuple) {
+    /// Consuming read of both streams: (stdout, stderr).
+    fn read(&self) -> (ReadDelta, ReadDelta) {
         let (out, err) = self.inner.read();
-        (delta_tuple(out), delta_tuple(err))
+        (out.into(), err.into())
     }
 }

@@ -26,7 +26,10 @@ pub(crate) fn build_ruleset(writable_roots: Vec<String>, network: bool) -> PyRes
         writable_roots,
         network,
     })
-    .map_err(|e| SandboxError::new_err(e.to_string()))?;
+    .map_err(|e| {
+        let errno = e.raw_os_error().unwrap_or(0);
+        SandboxError::new_err(("SANDBOX_UNAVAILABLE", e.to_string(), errno, Some("sandbox")))
+    })?;
     Ok(Ruleset {
         fd: rs.fd,
         enforcement: rs.enforcement.name(),
