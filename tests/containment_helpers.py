@@ -94,6 +94,12 @@ def wait_gone(token: str, timeout: float = 3.0) -> list[int]:
         time.sleep(0.02)
 
 
+def new_cgroup_dirs(before: list[str], pid: int | None = None) -> list[str]:
+    """Service cgroup parents that appeared since ``before`` (other services of this
+    process, e.g. the default one, may legitimately hold theirs)."""
+    return sorted(set(own_cgroup_dirs(pid)) - set(before))
+
+
 def own_cgroup_dirs(pid: int | None = None) -> list[str]:
     """Service cgroup parents of ``pid`` (default: this process) under any hierarchy."""
     prefix = f"shellseam-{os.getpid() if pid is None else pid}-"

@@ -19,6 +19,7 @@ from containment_helpers import (
     ESCAPERS,
     kill_marked,
     marked_env,
+    new_cgroup_dirs,
     new_token,
     own_cgroup_dirs,
     survivors,
@@ -39,8 +40,9 @@ FORMS = list(ESCAPERS)
 
 @pytest.fixture(autouse=True, scope="module")
 def nothing_left_behind() -> Iterator[None]:
+    before = own_cgroup_dirs()
     yield
-    left = own_cgroup_dirs()
+    left = new_cgroup_dirs(before)
     kill_marked()
     assert left == [], f"cgroup directories left behind: {left}"
 
@@ -141,6 +143,7 @@ def test_escaper_is_stopped_by_background_kill(ex: LocalShellExecutor, form: str
 @pytest.mark.parametrize("form", FORMS)
 def test_escaper_is_stopped_by_dispose(tmp_path: os.PathLike[str], form: str) -> None:
     token = new_token()
+    before = own_cgroup_dirs()
     service = SubprocessService()
     try:
         ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=service)
@@ -150,7 +153,7 @@ def test_escaper_is_stopped_by_dispose(tmp_path: os.PathLike[str], form: str) ->
         service.dispose()
         assert p.status == "killed"
         assert survivors(token) == []
-        assert own_cgroup_dirs() == []
+        assert new_cgroup_dirs(before) == []
     finally:
         service.dispose()
         kill_marked()
@@ -166,6 +169,7 @@ def test_background_escapee_of_a_completed_task_is_counted(ex: LocalShellExecuto
 
 
 def test_session_containment_is_reported(tmp_path: os.PathLike[str]) -> None:
+    before = own_cgroup_dirs()
     service = SubprocessService()
     try:
         ex = LocalShellExecutor(cwd=str(tmp_path), containment="session", service=service)
@@ -178,7 +182,7 @@ def test_session_containment_is_reported(tmp_path: os.PathLike[str]) -> None:
         assert r.resources.enforcement == "process"
         assert r.resources.peak_memory_bytes is None
         assert r.resources.cpu_ms >= 0.0
-        assert own_cgroup_dirs() == []
+        assert new_cgroup_dirs(before) == []
     finally:
         service.dispose()
 
@@ -200,15 +204,18 @@ def test_sigterm_trapping_escapee_is_killed_after_the_grace(ex: LocalShellExecut
 
 
 @needs_cgroup
-def test_pooled_cgroups_are_reused_and_removed(svc: SubprocessService, ex: LocalShellExecutor) -> None:
+def test_pooled_cgroups_are_reused_and_removed(tmp_path: os.PathLike[str]) -> None:
+    before = own_cgroup_dirs()
+    svc = SubprocessService()
+    ex = LocalShellExecutor(cwd=str(tmp_path), service=svc)
     for _ in range(20):
         assert ex.run_sync(ex.resolve(ShellExecRequest(command="true"))).exit_code == 0
     root = str(containment_facts()["cgroup_root"])
-    (parent,) = [d for d in own_cgroup_dirs() if os.path.dirname(d) == root]
+    (parent,) = [d for d in new_cgroup_dirs(before) if os.path.dirname(d) == root]
     calls = [d for d in os.listdir(parent) if os.path.isdir(os.path.join(parent, d))]
     assert 1 <= len(calls) <= 3, calls  # sequential calls share a couple of cgroups
     svc.dispose()
-    assert own_cgroup_dirs() == []
+    assert new_cgroup_dirs(before) == []
 
 
 def test_no_survivors_anywhere_at_the_end() -> None:

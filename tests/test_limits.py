@@ -10,7 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from containment_helpers import kill_marked, marked_env, new_token, own_cgroup_dirs, survivors
+from containment_helpers import (
+    kill_marked,
+    marked_env,
+    new_cgroup_dirs,
+    new_token,
+    own_cgroup_dirs,
+    survivors,
+)
 from shellseam import (
     LocalShellExecutor,
     ResourceLimits,
@@ -29,13 +36,14 @@ PY = sys.executable
 
 @pytest.fixture
 def svc() -> Iterator[SubprocessService]:
+    before = own_cgroup_dirs()
     service = SubprocessService()
     try:
         yield service
     finally:
         service.dispose()
         kill_marked()
-        assert own_cgroup_dirs() == []
+        assert new_cgroup_dirs(before) == []
 
 
 def executor(svc: SubprocessService, tmp_path: os.PathLike[str], **kw: object) -> LocalShellExecutor:
@@ -263,6 +271,7 @@ def test_background_handle_carries_resources(
 
 
 def test_containment_facts_name_every_limit() -> None:
+    before = own_cgroup_dirs()
     assert FACTS["containment"] in ("cgroup", "session")
     assert set(PER_LIMIT) == {
         "memory_bytes",
@@ -273,4 +282,5 @@ def test_containment_facts_name_every_limit() -> None:
     }
     assert set(PER_LIMIT.values()) <= {"tree", "process", "unavailable"}
     assert PER_LIMIT["file_size_bytes"] == "process"
-    assert own_cgroup_dirs() == []  # probing leaves nothing behind
+    containment_facts()
+    assert new_cgroup_dirs(before) == []  # probing leaves nothing behind

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Literal
 
-from . import _core
 from .errors import INVALID_REQUEST, ShellError
+from .service import NativeResources, host_containment
 from .types import LimitEnforcement, LimitName, ResourceLimits, ShellResources
 
 #: Largest value any limit accepts: rlimits and cgroup files take 64-bit values, and an
@@ -62,7 +62,7 @@ def containment_facts() -> dict[str, object]:
     """What this host offers: the containment mechanism and, per limit, how it is enforced
     (``tree``: cgroup controller for the whole call; ``process``: per-process rlimit;
     ``unavailable``). Used by ``shellseam doctor``."""
-    facts = _core.containment_facts()
+    facts = host_containment()
     per_limit: dict[str, Enforcement] = {
         "memory_bytes": "tree" if facts.memory else "process",
         "max_processes": "tree" if facts.pids else "unavailable",
@@ -86,7 +86,7 @@ _XFSZ_TEXT, _XCPU_TEXT = "File size limit exceeded", "CPU time limit exceeded"
 _XFSZ, _XCPU, _SIGKILL = 25, 24, 9
 
 
-def _enforcement(limits: ResourceLimits, raw: _core.Resources | None) -> LimitEnforcement | None:
+def _enforcement(limits: ResourceLimits, raw: NativeResources | None) -> LimitEnforcement | None:
     asked = [name for name in LIMIT_FIELDS if getattr(limits, name) is not None]
     if not asked:
         return None
@@ -103,7 +103,7 @@ def _killed_by(signum: int | None, exit_code: int | None, stderr_tail: str, sig:
 
 def build_resources(
     limits: ResourceLimits,
-    raw: _core.Resources | None,
+    raw: NativeResources | None,
     *,
     exit_code: int | None,
     signum: int | None,

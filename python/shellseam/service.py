@@ -39,6 +39,9 @@ Finished: TypeAlias = _core.Finished
 ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
+#: Containment facts of a settled call, and of the host.
+NativeResources: TypeAlias = _core.Resources
+HostContainment: TypeAlias = _core.ContainmentFacts
 
 _STAGE_REASONS = {
     "chdir": "cannot change to the working directory",
@@ -96,6 +99,11 @@ def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
     if stage == "chdir" and cwd is not None:
         what = f"{what} {cwd}"
     return ShellError(code, f"{what}: {message}" if what else message)
+
+
+def host_containment() -> HostContainment:
+    """What this host offers for containment (probes by creating a cgroup parent)."""
+    return _core.containment_facts()
 
 
 def landlock_abi() -> int:
@@ -173,7 +181,7 @@ class ManagedProcess:
         """Consuming read of (stdout, stderr)."""
         return self._proc.read()
 
-    def resources(self) -> _core.Resources | None:
+    def resources(self) -> NativeResources | None:
         """Containment facts of the settled process, or None while running."""
         return self._proc.resources()
 
