@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
 use crate::kill::{count_group, group_alive, signal_group};
 
+/// `(resource, soft, hard)` for `prlimit64` in the child.
+pub type Rlimit = (u32, u64, u64);
+
 /// The limits of one call, as validated by the Python layer (`None`: no limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallLimits {
@@ -89,7 +92,7 @@ impl CallContainment {
     pub fn prepare(
         cgroups: Option<&ServiceCgroups>,
         limits: &CallLimits,
-    ) -> std::io::Result<(Self, Vec<(u32, u64, u64)>)> {
+    ) -> std::io::Result<(Self, Vec<Rlimit>)> {
         let cgroup = match cgroups {
             Some(set) => Some(set.acquire(TreeLimits {
                 memory_bytes: limits.memory_bytes.filter(|_| set.has_memory()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -78,10 +79,8 @@ def any_marked() -> list[int]:
 
 def kill_marked() -> None:
     for pid in any_marked():
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, 9)
-        except OSError:
-            pass
 
 
 def wait_gone(token: str, timeout: float = 3.0) -> list[int]:

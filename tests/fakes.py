@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from shellseam.errors import INVALID_REQUEST, ShellError
 from shellseam.executor import ShellExecutor
 from shellseam.types import (
-    ResourceLimits,
     CollectedOutput,
     ProcessStatus,
+    ResourceLimits,
     SandboxMode,
     ShellExecRequest,
     ShellExecSpec,

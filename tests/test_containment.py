@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from containment_helpers import (
     ESCAPERS,
     kill_marked,
@@ -25,6 +24,7 @@ from containment_helpers import (
     survivors,
     wait_gone,
 )
+
 from shellseam import (
     AbortController,
     LocalShellExecutor,
@@ -101,7 +101,9 @@ def test_escaper_is_stopped_on_abort(ex: LocalShellExecutor, form: str) -> None:
     timer = threading.Timer(0.8, ctl.abort)
     timer.start()
     try:
-        r = ex.run_sync(ex.resolve(request(token, escape_then(form, "sleep 100"), signal=ctl.signal)))
+        r = ex.run_sync(
+            ex.resolve(request(token, escape_then(form, "sleep 100"), signal=ctl.signal))
+        )
     finally:
         timer.cancel()
     assert r.aborted
@@ -115,7 +117,9 @@ def test_escaper_is_stopped_on_cancel(ex: LocalShellExecutor, form: str) -> None
     token = new_token()
 
     async def cancel_it() -> None:
-        task = asyncio.create_task(ex.run(ex.resolve(request(token, escape_then(form, "sleep 100")))))
+        task = asyncio.create_task(
+            ex.run(ex.resolve(request(token, escape_then(form, "sleep 100"))))
+        )
         await asyncio.sleep(0.8)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

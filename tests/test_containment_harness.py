@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from containment_helpers import MARK, kill_marked, new_token, own_cgroup_dirs, survivors
 
 HARNESS = r"""
@@ -25,7 +24,7 @@ from shellseam import LocalShellExecutor, ShellExecRequest, SubprocessService
 token, parent, keep, mode = sys.argv[1], sys.argv[2], sys.argv[3] == "keep", sys.argv[4]
 svc = SubprocessService(spill_parent=parent, keep_spill=keep)
 ex = LocalShellExecutor(service=svc, max_output_bytes=100, containment=mode)
-env = {"%s": token}
+env = {MARK_NAME: token}
 ex.run_sync(ex.resolve(ShellExecRequest(command="seq 1 1000", env=env)))  # spills
 commands = ["sleep 300", "sleep 300 & wait", "sleep 300 > /dev/null 2>&1 & sleep 300"]
 if mode == "auto":  # only a cgroup holds a command that left its session
@@ -37,13 +36,28 @@ if sys.argv[5] == "exit":
     time.sleep(0.5)
     os._exit(3)
 time.sleep(600)
-""" % MARK
+""".replace("MARK_NAME", repr(MARK))
 
 
-def start_harness(tmp_path: os.PathLike[str], token: str, *, keep: bool = False,
-                  mode: str = "auto", end: str = "wait") -> tuple[subprocess.Popen[str], dict[str, object]]:
+def start_harness(
+    tmp_path: os.PathLike[str],
+    token: str,
+    *,
+    keep: bool = False,
+    mode: str = "auto",
+    end: str = "wait",
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", HARNESS, token, str(tmp_path), "keep" if keep else "drop", mode, end],
+        [
+            sys.executable,
+            "-c",
+            HARNESS,
+            token,
+            str(tmp_path),
+            "keep" if keep else "drop",
+            mode,
+            end,
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -141,11 +155,15 @@ PR_SET_CHILD_SUBREAPER = 36
 assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 svc = SubprocessService()
 ex = LocalShellExecutor(service=svc, grace_ms=200)
-env = {"%s": sys.argv[1]}
-cmds = ["sleep 100 > /dev/null 2>&1 &", "setsid sleep 100 > /dev/null 2>&1 &", "(sleep 100 &) ; true"]
+env = {MARK_NAME: sys.argv[1]}
+cmds = [
+    "sleep 100 > /dev/null 2>&1 &",
+    "setsid sleep 100 > /dev/null 2>&1 &",
+    "(sleep 100 &) ; true",
+]
 left = 0
 for i in range(51):
-    r = ex.run_sync(ex.resolve(ShellExecRequest(command=cmds[i %% 3], env=env)))
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command=cmds[i % 3], env=env)))
     left += r.leftover_killed
 zombies = 0
 for task in os.listdir("/proc/self/task"):
@@ -154,7 +172,7 @@ for task in os.listdir("/proc/self/task"):
         zombies += stat[stat.rfind(")") + 2] == "Z"
 print(left, zombies, flush=True)
 svc.dispose()
-""" % MARK
+""".replace("MARK_NAME", repr(MARK))
 
 
 def test_subreaper_harness_accumulates_no_zombies() -> None:

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from containment_helpers import (
     kill_marked,
     marked_env,
@@ -18,6 +17,7 @@ from containment_helpers import (
     own_cgroup_dirs,
     survivors,
 )
+
 from shellseam import (
     LocalShellExecutor,
     ResourceLimits,
@@ -46,7 +46,9 @@ def svc() -> Iterator[SubprocessService]:
         assert new_cgroup_dirs(before) == []
 
 
-def executor(svc: SubprocessService, tmp_path: os.PathLike[str], **kw: object) -> LocalShellExecutor:
+def executor(
+    svc: SubprocessService, tmp_path: os.PathLike[str], **kw: object
+) -> LocalShellExecutor:
     return LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=svc, **kw)  # type: ignore[arg-type]
 
 
@@ -66,7 +68,9 @@ def test_memory_limit_kills_the_call_and_says_so(
     assert peak is not None and 100 * 2**20 < peak <= 300 * 2**20
 
 
-def test_peak_memory_is_reported_per_call(svc: SubprocessService, tmp_path: os.PathLike[str]) -> None:
+def test_peak_memory_is_reported_per_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
     ex = executor(svc, tmp_path)
     big = ex.run_sync(ex.resolve(ShellExecRequest(command=f"{PY} -c 'b = b\"x\" * (200 << 20)'")))
     small = ex.run_sync(ex.resolve(ShellExecRequest(command="true")))
@@ -125,7 +129,9 @@ def test_bash_fork_loop_under_a_process_limit(
     ex = executor(svc, tmp_path, limits=ResourceLimits(max_processes=64))
     # bash retries a failed fork with back-off; 70 jobs hit the limit once, quickly.
     cmd = "for i in $(seq 70); do sleep 5 & done 2>/dev/null; echo done"
-    r = ex.run_sync(ex.resolve(ShellExecRequest(command=cmd, env=marked_env(token), timeout_ms=60_000)))
+    r = ex.run_sync(
+        ex.resolve(ShellExecRequest(command=cmd, env=marked_env(token), timeout_ms=60_000))
+    )
     assert r.resources is not None and r.resources.limit_exceeded == "processes"
     assert survivors(token) == []
 
@@ -140,10 +146,14 @@ def test_cpu_limit_stops_a_busy_loop(svc: SubprocessService, tmp_path: os.PathLi
     assert not r.timed_out
     assert r.resources is not None and r.resources.limit_exceeded == "cpu"
     assert r.resources.cpu_ms >= 300
-    assert render_result(r).endswith("[killed: cpu limit of 300ms exceeded]\n[killed by signal: SIGKILL]")
+    assert render_result(r).endswith(
+        "[killed: cpu limit of 300ms exceeded]\n[killed by signal: SIGKILL]"
+    )
 
 
-def test_cpu_limit_counts_the_whole_tree(svc: SubprocessService, tmp_path: os.PathLike[str]) -> None:
+def test_cpu_limit_counts_the_whole_tree(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
     if PER_LIMIT["cpu_ms"] != "tree":
         pytest.skip("no cgroup CPU accounting")
     ex = executor(svc, tmp_path, limits=ResourceLimits(cpu_ms=400))
@@ -156,7 +166,9 @@ def test_cpu_time_is_reported_without_a_limit(
     svc: SubprocessService, tmp_path: os.PathLike[str]
 ) -> None:
     ex = executor(svc, tmp_path)
-    r = ex.run_sync(ex.resolve(ShellExecRequest(command="i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done")))
+    r = ex.run_sync(
+        ex.resolve(ShellExecRequest(command="i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"))
+    )
     assert r.resources is not None
     assert r.resources.limit_exceeded is None
     assert r.resources.cpu_ms > 5
@@ -184,7 +196,9 @@ def test_file_size_limit_in_a_pipeline_is_seen_through_bash(
     assert r.resources is not None and r.resources.limit_exceeded == "file_size"
 
 
-def test_open_files_limit_is_per_process(svc: SubprocessService, tmp_path: os.PathLike[str]) -> None:
+def test_open_files_limit_is_per_process(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
     ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=64))
     r = ex.run_sync(ex.resolve(ShellExecRequest(command="ulimit -n; ulimit -Hn")))
     assert r.stdout.text == "64\n64\n"

@@ -22,6 +22,7 @@ __all__ = [
     "SandboxError",
     "SpawnError",
     "Supervisor",
+    "_keeper_main",
     "build_ruleset",
     "containment_facts",
     "landlock_abi",
@@ -258,7 +259,7 @@ class Supervisor:
         spill_cap: int,
         grace_ms: int,
         ruleset: Ruleset | None = None,
-        limits: _Limits = (None, None, None, None, None),
+        limits: _Limits = ...,
         cgroup: bool = True,
     ) -> Proc: ...
     def begin_dispose(self) -> list[Proc]: ...

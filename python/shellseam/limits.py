@@ -80,7 +80,11 @@ def containment_facts() -> dict[str, object]:
     }
 
 
-_WHOLE_CALL = (("memory_bytes", "tree_memory"), ("max_processes", "tree_processes"), ("cpu_ms", "tree_cpu"))
+_WHOLE_CALL = (
+    ("memory_bytes", "tree_memory"),
+    ("max_processes", "tree_processes"),
+    ("cpu_ms", "tree_cpu"),
+)
 #: How bash reports a job killed by SIGXFSZ / SIGXCPU (and the 128+n exit statuses).
 _XFSZ_TEXT, _XCPU_TEXT = "File size limit exceeded", "CPU time limit exceeded"
 _XFSZ, _XCPU, _SIGKILL = 25, 24, 9
@@ -97,7 +101,9 @@ def _enforcement(limits: ResourceLimits, raw: NativeResources | None) -> LimitEn
     return "tree" if any(name in whole_call for name in asked) else "process"
 
 
-def _killed_by(signum: int | None, exit_code: int | None, stderr_tail: str, sig: int, text: str) -> bool:
+def _killed_by(
+    signum: int | None, exit_code: int | None, stderr_tail: str, sig: int, text: str
+) -> bool:
     return signum == sig or exit_code == 128 + sig or text in stderr_tail
 
 
@@ -124,9 +130,13 @@ def build_resources(
         killed_over = signum == _SIGKILL and rusage_cpu_ms >= limits.cpu_ms
         if killed_over or _killed_by(signum, exit_code, stderr_tail, _XCPU, _XCPU_TEXT):
             exceeded = "cpu"
-    if exceeded is None and limits.file_size_bytes is not None:
-        if _killed_by(signum, exit_code, stderr_tail, _XFSZ, _XFSZ_TEXT):
-            exceeded = "file_size"
+    file_size = limits.file_size_bytes is not None
+    if (
+        exceeded is None
+        and file_size
+        and _killed_by(signum, exit_code, stderr_tail, _XFSZ, _XFSZ_TEXT)
+    ):
+        exceeded = "file_size"
     cpu_ms = raw.cpu_ms if raw is not None and raw.cpu_ms is not None else rusage_cpu_ms
     return ShellResources(
         containment="cgroup" if raw is not None and raw.cgroup else "session",

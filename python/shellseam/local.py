@@ -46,11 +46,11 @@ from .service import (
 from .types import (
     CollectedOutput,
     ResourceLimits,
-    ShellResources,
     SandboxMode,
     SandboxPolicy,
     ShellExecRequest,
     ShellExecSpec,
+    ShellResources,
     ShellRunResult,
     ShellSandboxInfo,
 )
