@@ -298,3 +298,20 @@ def test_containment_facts_name_every_limit() -> None:
     assert PER_LIMIT["file_size_bytes"] == "process"
     containment_facts()
     assert new_cgroup_dirs(before) == []  # probing leaves nothing behind
+
+
+def test_doctor_reports_containment_and_each_limit() -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "shellseam", "doctor"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    (mechanism,) = [line for line in lines if line.startswith("containment: ")]
+    if FACTS["containment"] == "cgroup":
+        assert mechanism.startswith(f"containment: cgroup per call under {FACTS['cgroup_root']}")
+    else:
+        assert "not contained" in mechanism
+    expected = ", ".join(f"{k}={v}" for k, v in PER_LIMIT.items())
+    assert f"limits: {expected}" in lines

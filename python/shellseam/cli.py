@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from . import service as _service
 from .errors import INVALID_REQUEST, ShellError
+from .limits import containment_report
 from .local import LocalShellExecutor
 from .render import render_result
 from .sandbox import SandboxShellExecutor, enforcement_for, landlock_abi
@@ -134,6 +135,7 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
             detail = "" if not missing else " — missing: " + "; ".join(missing)
             print(f"mode {label}: {enforcement}{detail}")
     print(f"spill parent: {tempfile.gettempdir()} (one private 0700 directory per service)")
+    print("\n".join(containment_report()))
     ex = LocalShellExecutor()
     print(
         "defaults: "

@@ -146,3 +146,28 @@ def build_resources(
         peak_memory_bytes=raw.peak_memory_bytes if raw is not None else None,
         cpu_ms=cpu_ms,
     )
+
+
+def containment_report() -> list[str]:
+    """``shellseam doctor``'s containment lines: the mechanism and, per limit, how it is
+    enforced on this host."""
+    facts = containment_facts()
+    if facts["containment"] == "cgroup":
+        controllers = ", ".join(
+            f"{name} {facts[key]}"
+            for name, key in (("memory", "memory_controller"), ("pids", "pids_controller"))
+            if facts[key] is not None
+        )
+        lines = [
+            f"containment: cgroup per call under {facts['cgroup_root']}"
+            f" (controllers: {controllers or 'none'})"
+        ]
+    else:
+        lines = [
+            "containment: session only — processes that start a new session (setsid, "
+            f"double-fork daemons) are not contained ({facts['reason']})"
+        ]
+    per_limit = facts["limits"]
+    assert isinstance(per_limit, dict)
+    lines.append("limits: " + ", ".join(f"{k}={v}" for k, v in per_limit.items()))
+    return lines
