@@ -242,10 +242,22 @@ fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<fs::File> {
     Ok(unsafe { fs::File::from_raw_fd(fd) })
 }
 
+/// Reads a cgroup file. kernfs hands over everything that fits in one read, so a short
+/// read is the end: one `read` per small file instead of two.
 fn read_at(dir: RawFd, name: &str) -> io::Result<String> {
-    let mut text = String::new();
-    open_at(dir, name, libc::O_RDONLY)?.read_to_string(&mut text)?;
-    Ok(text)
+    let mut file = open_at(dir, name, libc::O_RDONLY)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|_| io::Error::from_raw_os_error(libc::EILSEQ))
 }
 
 fn write_at(dir: RawFd, name: &str, value: &str) -> io::Result<()> {
@@ -304,6 +316,11 @@ pub struct CallCgroup {
     /// `clone3(CLONE_INTO_CGROUP)` into it compares kill sequence numbers of two different
     /// cgroups and SIGKILLs the new child, so a killed cgroup is never reused.
     killed: bool,
+    /// Whether this call uses the memory / pids controller (joined on v1, always on v2).
+    use_memory: bool,
+    use_pids: bool,
+    /// v2 `memory.peak`, reset through this fd for each call (the reset is per open file).
+    peak: Option<fs::File>,
     cpu_base: u64,
     pids_max_base: u64,
     oom_base: u64,
@@ -315,13 +332,12 @@ impl CallCgroup {
         self.dir.raw()
     }
 
-    /// v1 directories the child joins (by writing "0" to their `cgroup.procs`).
+    /// v1 directories the child joins (by writing "0" to their `cgroup.procs`): only the
+    /// controllers this call needs, since each join is a cgroup migration.
     pub fn join_fds(&self) -> Vec<RawFd> {
-        [&self.memory, &self.pids]
-            .into_iter()
-            .flatten()
-            .map(Dir::raw)
-            .collect()
+        let memory = self.memory.as_ref().filter(|_| self.use_memory);
+        let pids = self.pids.as_ref().filter(|_| self.use_pids);
+        [memory, pids].into_iter().flatten().map(Dir::raw).collect()
     }
 
     pub fn path(&self) -> &Path {
@@ -342,6 +358,14 @@ impl CallCgroup {
 
     /// Sets the call's whole-tree limits, writing only what changed since the last use.
     pub fn apply(&mut self, limits: TreeLimits) -> io::Result<()> {
+        // On v1 a controller costs a migration per call: only a call with that limit pays.
+        self.use_memory = self.v2_memory || limits.memory_bytes.is_some();
+        self.use_pids = self.v2_pids || limits.max_processes.is_some();
+        if self.v2_memory {
+            let mut peak = open_at(self.dir.raw(), "memory.peak", libc::O_RDWR)?;
+            let _ = peak.write_all(b"reset");
+            self.peak = Some(peak);
+        }
         if limits.memory_bytes != self.applied.memory_bytes {
             let (limit, swap, fd) = self.memory_file();
             if let Some(fd) = fd {
@@ -405,8 +429,21 @@ impl CallCgroup {
         .flatten()
     }
 
-    fn open(&mut self) -> io::Result<()> {
-        self.dirs().try_for_each(Dir::open)
+    /// Opens the directories a call with `limits` needs (each open is a syscall per call).
+    fn open(&mut self, limits: TreeLimits) -> io::Result<()> {
+        self.dir.open()?;
+        let applied = self.applied;
+        if let Some(m) = &mut self.memory {
+            if limits.memory_bytes.is_some() || applied.memory_bytes != limits.memory_bytes {
+                m.open()?;
+            }
+        }
+        if let Some(p) = &mut self.pids {
+            if limits.max_processes.is_some() || applied.max_processes != limits.max_processes {
+                p.open()?;
+            }
+        }
+        Ok(())
     }
 
     fn close(&mut self) {
@@ -417,11 +454,16 @@ impl CallCgroup {
     /// done when the cgroup is empty and goes back to the pool.
     fn rebase(&mut self) {
         self.cpu_base = self.cpu_usec_total();
-        self.pids_max_base = self.pids_max_events();
-        self.oom_base = self.oom_kills();
-        if let Some(mem) = &self.memory {
-            let _ = write_at(mem.raw(), "memory.max_usage_in_bytes", "0");
+        if self.use_pids {
+            self.pids_max_base = self.pids_max_events();
         }
+        if self.use_memory {
+            self.oom_base = self.oom_kills();
+            if let Some(mem) = &self.memory {
+                let _ = write_at(mem.raw(), "memory.max_usage_in_bytes", "0");
+            }
+        }
+        self.peak = None;
     }
 
     fn cpu_usec_total(&self) -> u64 {
@@ -463,18 +505,21 @@ impl CallCgroup {
 
     /// Accounting of the call; read before its completion is signalled.
     pub fn usage(&self) -> Usage {
-        let peak = if self.v2_memory {
-            read_at(self.dir.raw(), "memory.peak").ok()
-        } else {
+        let peak = if let Some(mut file) = self.peak.as_ref() {
+            let mut text = String::new();
+            file.read_to_string(&mut text).ok().map(|_| text)
+        } else if self.use_memory {
             self.memory
                 .as_ref()
                 .and_then(|m| read_at(m.raw(), "memory.max_usage_in_bytes").ok())
+        } else {
+            None
         };
         Usage {
             cpu_usec: self.cpu_usec(),
             peak_memory_bytes: peak.and_then(|t| t.trim().parse().ok()),
-            oom_killed: self.oom_kills() > self.oom_base,
-            forks_refused: self.pids_max_events() > self.pids_max_base,
+            oom_killed: self.use_memory && self.oom_kills() > self.oom_base,
+            forks_refused: self.use_pids && self.pids_max_events() > self.pids_max_base,
         }
     }
 
@@ -659,6 +704,9 @@ impl ServiceCgroups {
             v2_pids: self.v2_pids,
             applied: TreeLimits::default(),
             killed: false,
+            use_memory: false,
+            use_pids: false,
+            peak: None,
             cpu_base: 0,
             pids_max_base: 0,
             oom_base: 0,
@@ -674,7 +722,7 @@ impl ServiceCgroups {
             Some(cg) => cg,
             None => self.create()?,
         };
-        if let Err(e) = cg.open().and_then(|()| cg.apply(limits)) {
+        if let Err(e) = cg.open(limits).and_then(|()| cg.apply(limits)) {
             remove(cg);
             return Err(e);
         }

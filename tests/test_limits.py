@@ -71,7 +71,8 @@ def test_memory_limit_kills_the_call_and_says_so(
 def test_peak_memory_is_reported_per_call(
     svc: SubprocessService, tmp_path: os.PathLike[str]
 ) -> None:
-    ex = executor(svc, tmp_path)
+    # On a v1 memory controller only calls with a memory limit join it (a migration each).
+    ex = executor(svc, tmp_path, limits=ResourceLimits(memory_bytes=2**30))
     big = ex.run_sync(ex.resolve(ShellExecRequest(command=f"{PY} -c 'b = b\"x\" * (200 << 20)'")))
     small = ex.run_sync(ex.resolve(ShellExecRequest(command="true")))
     assert big.resources is not None and small.resources is not None
@@ -83,6 +84,11 @@ def test_peak_memory_is_reported_per_call(
     # A reused cgroup starts its peak afresh.
     assert small.resources.peak_memory_bytes is not None
     assert small.resources.peak_memory_bytes < 100 << 20
+    plain = executor(svc, tmp_path)
+    unlimited = plain.run_sync(plain.resolve(ShellExecRequest(command="true")))
+    assert unlimited.resources is not None
+    if FACTS["memory_controller"] == "cgroup v1":
+        assert unlimited.resources.peak_memory_bytes is None
 
 
 FORKER = f"""{PY} -c '
