@@ -15,13 +15,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
 use crate::contain::CallContainment;
 use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::keeper::Keeper;
-use crate::kill::signal_group;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::READ_CHUNK;
 use crate::process::{Proc, ProcConfig};
@@ -370,7 +369,6 @@ impl Service {
                 .tell_keeper(|k| k.send(&format!("group {pgid}")));
         }
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
-        let pid = child.pid;
         let first_cpu_check = contain.next_cpu_check;
         let proc = Arc::new(Proc::new(
             token,
@@ -388,8 +386,7 @@ impl Service {
             if self.is_disposed() {
                 drop(live);
                 // Lost a race with dispose: the caller gets DISPOSED and nothing survives.
-                let _ = signal_group(pid, libc::SIGKILL);
-                reap_blocking(pid);
+                self.abandon(&proc);
                 return Err(CoreError::Disposed);
             }
             live.insert(token, Arc::clone(&proc));
@@ -398,8 +395,7 @@ impl Service {
         if let Err(err) = registered {
             // Unsupervised, the process could never settle: take it down now, reap it here.
             lock(&self.shared.live).remove(&token);
-            let _ = signal_group(pid, libc::SIGKILL);
-            reap_blocking(pid);
+            self.abandon(&proc);
             let mut st = lock(&proc.state);
             let st = &mut *st;
             let owned = [
@@ -416,6 +412,19 @@ impl Service {
             return Err(SpawnError::from_io(SpawnStage::Supervise, &err).into());
         }
         Ok(proc)
+    }
+
+    /// Kills and reaps a process that will never be supervised, with everything in its
+    /// cgroup, and lets go of its containment.
+    fn abandon(&self, proc: &Proc) {
+        let mut st = lock(&proc.state);
+        st.contain.signal(proc.pid, libc::SIGKILL);
+        reap_blocking(proc.pid);
+        let start = Instant::now();
+        while st.contain.any_alive(proc.pid) && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.shared.end_containment(proc.pid, &mut st.contain);
     }
 
     /// Registers a new process's pipes and pidfd with epoll.
