@@ -80,6 +80,12 @@ pub fn zombie_children() -> Vec<libc::pid_t> {
     out
 }
 
+/// The process group of `pid` (zombies included), from /proc.
+pub fn pgrp_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, pgrp)| pgrp)
+}
+
 /// (state, pgrp) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
 fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
     let rest = &stat[stat.rfind(')')? + 1..];

@@ -2,6 +2,7 @@
 //! lifecycle, process, notifier, collector, spill, env, kill, landlock) builds and tests without Python; the bindings
 //! are behind the `python` feature that maturin enables.
 
+mod adopted;
 pub mod cgroup;
 pub mod clone;
 pub mod collector;

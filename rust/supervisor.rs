@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::adopted::{Adopted, Owner, RESCAN};
 use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
 use crate::contain::CallContainment;
 use crate::errors::{CoreError, SpawnError, SpawnStage};
@@ -74,6 +75,8 @@ pub(crate) struct Shared {
     /// Emptied call cgroups waiting to go back to the pool (off the caller's path).
     releases: Mutex<Vec<CallCgroup>>,
     keeper: Mutex<KeeperSlot>,
+    /// Settled calls whose orphans a subreaper harness may still have to reap.
+    adopted: Mutex<Adopted>,
 }
 
 /// The keeper's command line and, once started, the keeper (see `keeper.rs`).
@@ -205,13 +208,29 @@ impl Shared {
         if let Some((fd, key)) = contain.events.take() {
             self.unwatch(&fd, key);
         }
-        match contain.cgroup.take() {
+        let owner = match contain.cgroup.take() {
             Some(cg) => {
-                reap_adopted_zombies(cg.path());
+                let tail = cg_tail(cg.path());
                 lock(&self.releases).push(cg);
                 eventfd_raise(&self.wake);
+                Owner::Cgroup(tail)
             }
-            None => self.tell_keeper(|k| k.send(&format!("ungroup {pgid}"))),
+            None => {
+                self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
+                Owner::Group(pgid)
+            }
+        };
+        let now = Instant::now();
+        if lock(&self.adopted).settled(owner, now) {
+            self.add_timer(now + RESCAN, 0, true);
+        }
+    }
+
+    /// Looks again for adopted zombies of settled calls (subreaper harnesses only).
+    fn reap_adopted(&self) {
+        let now = Instant::now();
+        if lock(&self.adopted).reap(now) {
+            self.add_timer(now + RESCAN, 0, false);
         }
     }
 
@@ -226,35 +245,16 @@ impl Shared {
     }
 }
 
-/// A harness that is a child subreaper inherits the call's orphans; those we killed are
-/// its zombies now. Reaps every zombie child whose cgroup was `cgroup` (or was removed).
-fn reap_adopted_zombies(cgroup: &std::path::Path) {
-    let mut is_subreaper: libc::c_int = 0;
-    // SAFETY: PR_GET_CHILD_SUBREAPER stores an int through a valid pointer.
-    unsafe {
-        libc::prctl(
-            libc::PR_GET_CHILD_SUBREAPER,
-            &mut is_subreaper as *mut libc::c_int,
-        )
-    };
-    if is_subreaper == 0 {
-        return;
+/// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.
+fn cg_tail(path: &std::path::Path) -> String {
+    let mut parts = path.iter().rev().take(2).collect::<Vec<_>>();
+    parts.reverse();
+    let mut tail = String::new();
+    for part in parts {
+        tail.push('/');
+        tail.push_str(&part.to_string_lossy());
     }
-    let name = cgroup
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    for pid in crate::kill::zombie_children() {
-        let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let ours = own
-            .lines()
-            .any(|l| l.starts_with("0::") && l.contains("/shellseam-") && l.ends_with(&name));
-        if ours {
-            let mut status = 0;
-            // SAFETY: reaps a zombie child of ours without blocking.
-            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        }
-    }
+    tail
 }
 
 impl Service {
@@ -278,6 +278,7 @@ impl Service {
                 cgroups: OnceLock::new(),
                 releases: Mutex::new(Vec::new()),
                 keeper: Mutex::new(KeeperSlot::default()),
+                adopted: Mutex::new(Adopted::default()),
             }),
             thread: Mutex::new(None),
         })
@@ -558,6 +559,7 @@ fn supervise(shared: &Arc<Shared>) {
             }
         }
         shared.recycle();
+        shared.reap_adopted();
     }
 }
 

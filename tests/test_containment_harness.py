@@ -154,7 +154,7 @@ from shellseam import LocalShellExecutor, ShellExecRequest, SubprocessService
 PR_SET_CHILD_SUBREAPER = 36
 assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 svc = SubprocessService()
-ex = LocalShellExecutor(service=svc, grace_ms=200)
+ex = LocalShellExecutor(service=svc, grace_ms=200, containment=sys.argv[2])
 env = {MARK_NAME: sys.argv[1]}
 cmds = [
     "sleep 100 > /dev/null 2>&1 &",
@@ -175,17 +175,24 @@ svc.dispose()
 """.replace("MARK_NAME", repr(MARK))
 
 
-def test_subreaper_harness_accumulates_no_zombies() -> None:
+@pytest.mark.parametrize("mode", ["auto", "session"])
+def test_subreaper_harness_accumulates_no_zombies(mode: str) -> None:
     token = new_token()
     try:
         out = subprocess.run(
-            [sys.executable, "-c", SUBREAPER, token], capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", SUBREAPER, token, mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert out.returncode == 0, out.stderr
         left, zombies = map(int, out.stdout.split())
-        assert left == 51
+        # Under session containment a `setsid` escapee is out of reach (and not counted,
+        # unless the count catches it before it left the group).
+        assert left == 51 if mode == "auto" else 34 <= left < 51
         # The keeper is the only other child; it is alive, never a zombie.
         assert zombies == 0
-        assert survivors(token) == []
+        if mode == "auto":
+            assert survivors(token) == []
     finally:
         kill_marked()
