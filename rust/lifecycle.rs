@@ -164,7 +164,9 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     close_stdin(proc, st);
     let left = st.contain.count_alive(proc.pid);
     if left > 0 {
-        st.leftover_killed += left as u32;
+        st.leftover_killed = st
+            .leftover_killed
+            .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
         st.contain.signal(proc.pid, libc::SIGTERM);
         st.phase = Phase::Reaping {
             sigkill_sent: false,

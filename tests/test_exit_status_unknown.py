@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from conftest import run
+from fakes import run_result
 from shellseam import LocalShellExecutor, ShellRunResult, parse_exit_status, render_result
-from shellseam.types import CollectedOutput
 
 
 @pytest.fixture
@@ -62,24 +62,10 @@ def test_a_stolen_status_is_unknown_never_a_made_up_zero(
             assert render_result(r).endswith("[exit code: 3]")
 
 
-def _result(**fields: object) -> ShellRunResult:
-    empty = CollectedOutput("", False, None, 0, False)
-    base: dict[str, object] = {
-        "exit_code": None,
-        "signal": None,
-        "timed_out": False,
-        "aborted": False,
-        "timeout_ms": 1000,
-        "stdout": CollectedOutput("out\n", False, None, 4, False),
-        "stderr": empty,
-        "duration_ms": 1.0,
-    }
-    base.update(fields)
-    return ShellRunResult(**base)  # type: ignore[arg-type]
-
-
 def test_unknown_status_renders_as_the_last_line_and_parses_back() -> None:
-    text = render_result(_result(exit_status_unknown=True, leftover_killed=1))
+    text = render_result(
+        run_result("out\n", exit_code=None, exit_status_unknown=True, leftover_killed=1)
+    )
     assert text == "out\n[stopped 1 leftover background process]\n[exit status unknown]"
     assert parse_exit_status(text) == (
         "out\n[stopped 1 leftover background process]",

@@ -124,3 +124,58 @@ def test_only_the_service_module_talks_to_the_core() -> None:
                 break
     # The bench harness may reach the core directly for its "native core alone" figure.
     assert [p for p in importers if not p.startswith(("bench", "_bench"))] == ["service.py"]
+
+
+#: Fragments of every model-facing marker and status line (SPEC §5 and the task tools).
+MODEL_FACING = (
+    "[stderr]",
+    "[exit code",
+    "[killed by signal",
+    "[exit status unknown]",
+    "[output truncated",
+    "[timed out after",
+    "[stopped ",
+    "[sandbox: file access denied",
+    "[some output was dropped",
+    "(no output)",
+    "spawn failed",
+    "sandbox unavailable",
+    "invalid request",
+    "no such task",
+    "started background task",
+    " finished: ",
+    "(no tasks)",
+    "killed task",
+    "had already finished",
+    "tool call aborted",
+)
+
+
+def _string_constants(tree: ast.AST) -> list[str]:
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            docstrings.add(id(first.value))
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_model_facing_strings_live_in_render_only() -> None:
+    root = pathlib.Path(shellseam.__file__).parent
+    # The mini-swe-agent adapter is being moved onto render_markers by its own change.
+    exempt = {"render.py", "integrations/minisweagent.py"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in exempt or rel.startswith(("bench", "_bench")):
+            continue
+        for text in _string_constants(ast.parse(path.read_text(), rel)):
+            found += [(rel, marker) for marker in MODEL_FACING if marker in text]
+    assert found == []

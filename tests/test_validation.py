@@ -63,6 +63,8 @@ def test_wait_sync_infinity_means_no_timeout(ex: LocalShellExecutor) -> None:
     assert proc.wait_sync(math.inf) is True
     assert proc.exit_code == 0
     assert proc.wait_sync(1e300) is True
+    assert proc.wait_sync(10**400) is True
+    assert proc.wait_sync(-(10**400)) is True
     assert proc.wait_sync(-1) is True
 
 
@@ -139,3 +141,34 @@ def test_hand_built_specs_are_checked_at_run_and_start(
             call(spec)
         assert info.value.code == "INVALID_REQUEST"
     assert ex.service.running == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("grace_ms", 2**64, ValueError),
+        ("stdout_cap", -1, ValueError),
+        ("spill_cap", 2**64, ValueError),
+        ("stderr_cap", 1.5, ValueError),
+        ("grace_ms", "3000", TypeError),
+    ],
+)
+def test_service_spawn_refuses_values_the_core_cannot_take(
+    service: SubprocessService, ex: LocalShellExecutor, name: str, value: object, error: type
+) -> None:
+    spec = ex.resolve(ShellExecRequest(command="true"))
+    fields: dict[str, object] = {
+        "program": b"/bin/true",
+        "argv": [b"true"],
+        "cwd": "/",
+        "env": ex._child_env(spec),
+        "stdin": b"",
+        "stdout_cap": 10,
+        "stderr_cap": 10,
+        "spill_cap": 10,
+        "grace_ms": 10,
+    }
+    fields[name] = value
+    with pytest.raises(error, match=name):
+        service.spawn(**fields)  # type: ignore[arg-type]
+    assert service.running == 0

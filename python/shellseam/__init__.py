@@ -6,7 +6,6 @@ rendering. See README.md for the two-minute tour.
 """
 
 from .abort import AbortController, AbortSignal
-from .env import ManagedEnvContributor, ManagedEnvRegistry
 from .errors import ShellError
 from .executor import ShellExecutor
 from .limits import containment_facts
@@ -20,6 +19,8 @@ from .tool import (
     ApprovalRequest,
     ApprovalService,
     BashTool,
+    ManagedEnvContributor,
+    ManagedEnvRegistry,
     PromptSection,
     SandboxModeStore,
     ToolContext,

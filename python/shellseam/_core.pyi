@@ -53,11 +53,14 @@ class Rusage:
     """Resource usage of a process's leader as ``wait4`` reported it (zeros when unknown)."""
 
     @property
-    def user_cpu_ms(self) -> float: ...
+    def user_cpu_ms(self) -> float:
+        """CPU time in user mode, in milliseconds."""
     @property
-    def system_cpu_ms(self) -> float: ...
+    def system_cpu_ms(self) -> float:
+        """CPU time in the kernel on the leader's behalf, in milliseconds."""
     @property
-    def max_rss_kib(self) -> int: ...
+    def max_rss_kib(self) -> int:
+        """Peak resident set size of the leader, in KiB."""
 
 @final
 class Outcome:
@@ -73,41 +76,51 @@ class Outcome:
     def exit_status_unknown(self) -> bool:
         """Somebody else reaped the leader (a stray ``waitpid(-1)``): its status is lost."""
     @property
-    def duration_ms(self) -> float: ...
+    def duration_ms(self) -> float:
+        """From spawn to settlement (drain and leftover reaping included)."""
     @property
     def leftover_killed(self) -> int:
         """Processes left in the group after the drain that the supervisor terminated."""
     @property
-    def kill_requested(self) -> bool: ...
+    def kill_requested(self) -> bool:
+        """A kill was requested (timeout, abort, ``kill()`` or disposal)."""
     @property
-    def rusage(self) -> Rusage: ...
+    def rusage(self) -> Rusage:
+        """The leader's resource usage (zeros when its status was lost)."""
 
 @final
 class Collected:
     """One stream as collected so far: its (tail) text and how to recover the rest."""
 
     @property
-    def text(self) -> str: ...
+    def text(self) -> str:
+        """The kept tail, valid UTF-8 (invalid bytes replaced)."""
     @property
-    def truncated(self) -> bool: ...
+    def truncated(self) -> bool:
+        """Bytes were dropped from ``text``."""
     @property
-    def spill_path(self) -> str | None: ...
+    def spill_path(self) -> str | None:
+        """The file holding the stream from byte 0, once it outgrew the cap."""
     @property
-    def total_bytes(self) -> int: ...
+    def total_bytes(self) -> int:
+        """Bytes the stream produced."""
     @property
-    def spill_truncated(self) -> bool: ...
+    def spill_truncated(self) -> bool:
+        """The stream outgrew the spill cap: the file holds only its head."""
 
 @final
 class ReadDelta:
     """One consuming read of a stream."""
 
     @property
-    def text(self) -> str: ...
+    def text(self) -> str:
+        """Output since the previous read (a trailing incomplete character waits)."""
     @property
     def lossy(self) -> bool:
         """Unread bytes were dropped from memory since the previous read."""
     @property
-    def spill_path(self) -> str | None: ...
+    def spill_path(self) -> str | None:
+        """The stream's spill file, where dropped bytes can still be read."""
 
 @final
 class Finished:

@@ -18,6 +18,8 @@ from .types import SandboxPolicy, ShellExecSpec
 #: The longest timeout (and grace) in milliseconds: 2**31 - 1 (~24.8 days), the ceiling of
 #: the seeds' JavaScript timers and of one poll/epoll wait.
 MAX_TIMEOUT_MS = 2**31 - 1
+#: Waits longer than this (about 31 years) are waits without a timeout.
+MAX_WAIT_S = 2**30
 #: The largest byte budget: what a file offset can address.
 MAX_BYTES = 2**63 - 1
 
@@ -55,9 +57,11 @@ def wait_timeout(timeout: object) -> float | None:
         )
     if isinstance(timeout, float) and math.isnan(timeout):
         raise ValueError("timeout must be a number of seconds, got nan")
-    if timeout == math.inf:
-        return None
-    return max(float(timeout), 0.0)
+    if timeout <= 0:
+        return 0.0
+    if timeout == math.inf or timeout > MAX_WAIT_S:
+        return None  # longer than any process can run: no timeout
+    return float(timeout)
 
 
 # -- requests and specs -------------------------------------------------------------------

@@ -15,12 +15,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .checks import wait_timeout
+from .render import render_delta, render_spawn_failure
 from .types import ProcessStatus, ShellProcessRead, ShellResources, ShellSandboxInfo
 
 if TYPE_CHECKING:
     from .service import ManagedProcess
-
-STDERR_SECTION = "\n[stderr]\n"
 
 #: Derives the sandbox facts of a settled process from its exit code and stderr tail.
 SandboxStamp = Callable[[int | None, str], ShellSandboxInfo]
@@ -36,11 +35,6 @@ def signal_name(signum: int | None) -> str | None:
         return _signal.Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
-
-
-def merge_delta(stdout: str, stderr: str) -> str:
-    """The background read format: stdout, then stderr in a marked section if any."""
-    return stdout + (STDERR_SECTION + stderr if stderr else "")
 
 
 class ShellProcess:
@@ -120,11 +114,11 @@ class ShellProcess:
             with self._lock:
                 first = not self._failure_delivered
                 self._failure_delivered = True
-            delta = f"spawn failed: {self._failure}" if first and self._failure else ""
+            delta = render_spawn_failure(self._failure) if first and self._failure else ""
             return ShellProcessRead(delta=delta, lossy=False)
         out, err = self._proc.read()
         return ShellProcessRead(
-            delta=merge_delta(out.text, err.text),
+            delta=render_delta(out.text, err.text),
             lossy=out.lossy or err.lossy,
             # A path is given for each stream that lost bytes, so that every lossy marker a
             # reader renders names a stream that really dropped something.

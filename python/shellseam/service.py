@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeAlias, cast
 
 from . import _core
+from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_int
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
 from .types import ResourceLimits
 
@@ -255,7 +256,17 @@ class SubprocessService:
         limits: ResourceLimits | None = None,
         cgroup: bool = True,
     ) -> ManagedProcess:
-        """Spawns one process group; raises ``ShellError`` with an exact reason."""
+        """Spawns one process group; raises ``ShellError`` with an exact reason.
+
+        Caps and grace are checked here (``ValueError``/``TypeError`` naming them), so that
+        no value reaches the core as an overflow."""
+        for name, value, maximum in (
+            ("stdout_cap", stdout_cap, MAX_BYTES),
+            ("stderr_cap", stderr_cap, MAX_BYTES),
+            ("spill_cap", spill_cap, MAX_BYTES),
+            ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+        ):
+            config_int(value, name, minimum=0, maximum=maximum)
         try:
             cwd_bytes = os.fsencode(cwd)
         except UnicodeEncodeError as err:
