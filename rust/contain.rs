@@ -6,6 +6,7 @@
 //! controllers where the service has them (`tree`), else to per-process rlimits
 //! (`process`); file size and open files are always rlimits.
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,8 @@ pub(crate) struct CallContainment {
     usage: Option<Usage>,
     /// `cgroup.events`, watched for EPOLLPRI while leftovers are being reaped.
     pub events: Option<(OwnedFd, Option<u64>)>,
+    /// Members already counted in `leftover_killed`.
+    counted: HashSet<libc::pid_t>,
 }
 
 impl CallContainment {
@@ -138,6 +141,7 @@ impl CallContainment {
                 cpu_exceeded: false,
                 usage: None,
                 events: None,
+                counted: HashSet::new(),
             },
             rlimits,
         ))
@@ -155,12 +159,41 @@ impl CallContainment {
         }
     }
 
-    /// Live processes of the call (the leader already reaped).
-    pub fn count_alive(&self, pgid: libc::pid_t) -> usize {
+    /// A kill request: SIGTERM to the session's group and to every other member of the
+    /// call's cgroup at once. Members outside the group left the command's session: the
+    /// executor terminates them as leftovers, so they are counted (once). Returns how many.
+    pub fn terminate(&mut self, pgid: libc::pid_t) -> usize {
+        let _ = signal_group(pgid, libc::SIGTERM);
+        let Some(cg) = &self.cgroup else { return 0 };
+        let mut escaped = 0;
+        for pid in cg.members() {
+            if crate::kill::pgrp_of(pid) != Some(pgid) && self.counted.insert(pid) {
+                escaped += 1;
+            }
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        escaped
+    }
+
+    /// After the shell exited and the drain ended: `(leftovers not counted yet, whether
+    /// anything is alive)`; the new leftovers are counted now. One read of `cgroup.procs`.
+    pub fn count_leftovers(&mut self, pgid: libc::pid_t) -> (usize, bool) {
         match &self.cgroup {
-            Some(cg) => cg.members().len(),
-            None if group_alive(pgid) => count_group(pgid),
-            None => 0,
+            Some(cg) => {
+                let members = cg.members();
+                let alive = !members.is_empty();
+                let new = members
+                    .into_iter()
+                    .filter(|pid| self.counted.insert(*pid))
+                    .count();
+                (new, alive)
+            }
+            None if group_alive(pgid) => {
+                let n = count_group(pgid);
+                (n, n > 0)
+            }
+            None => (0, false),
         }
     }
 

@@ -162,11 +162,11 @@ pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
 /// The leader is gone and the drain ended: terminate whatever is left of the call.
 fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     close_stdin(proc, st);
-    let left = st.contain.count_alive(proc.pid);
-    if left > 0 {
-        st.leftover_killed = st
-            .leftover_killed
-            .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+    let (left, alive) = st.contain.count_leftovers(proc.pid);
+    st.leftover_killed = st
+        .leftover_killed
+        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+    if alive {
         st.contain.signal(proc.pid, libc::SIGTERM);
         st.phase = Phase::Reaping {
             sigkill_sent: false,

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
 use crate::contain::{CallContainment, CallLimits, Resources};
-use crate::kill::signal_group;
 use crate::lifecycle::{after, Phase};
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
@@ -128,8 +127,8 @@ impl Proc {
         lock(&self.state).phase == Phase::Done
     }
 
-    /// Requests termination: SIGTERM to the group now, SIGKILL to the whole call after the
-    /// grace period.
+    /// Requests termination: SIGTERM to every process of the call now, SIGKILL to all of
+    /// them after the grace period.
     /// False when the process already finished or a kill is already under way.
     pub fn kill(&self) -> bool {
         if !self.shared.in_owner() {
@@ -140,10 +139,10 @@ impl Proc {
             return false;
         }
         st.kill_requested = true;
-        // SIGTERM goes to the session's group; once the shell has exited, whatever is left
-        // in the call's cgroup (escapees included) is a leftover: counted, then terminated.
-        // The SIGKILL after the grace covers the whole cgroup.
-        let _ = signal_group(self.pid, libc::SIGTERM);
+        let escaped = st.contain.terminate(self.pid);
+        st.leftover_killed = st
+            .leftover_killed
+            .saturating_add(u32::try_from(escaped).unwrap_or(u32::MAX));
         let at = after(Instant::now(), st.grace);
         st.kill_at = Some(at);
         drop(st);

@@ -225,3 +225,19 @@ def test_pooled_cgroups_are_reused_and_removed(tmp_path: os.PathLike[str]) -> No
 def test_no_survivors_anywhere_at_the_end() -> None:
     time.sleep(0.1)
     assert wait_gone("no-such-token") == []
+
+
+@needs_cgroup
+def test_kill_reaches_an_escapee_holding_the_pipes_at_once(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    # The escapee keeps stdout open: were it signalled only after the shell's drain grace,
+    # the timeout would take the whole grace longer. SIGTERM reaches it with the shell.
+    token = new_token()
+    ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=3000, service=svc)
+    started = time.monotonic()
+    r = ex.run_sync(ex.resolve(request(token, "setsid sleep 300 & sleep 100", timeout_ms=300)))
+    assert time.monotonic() - started < 2.0
+    assert r.timed_out
+    assert r.leftover_killed == 1
+    assert survivors(token) == []
