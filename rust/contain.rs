@@ -92,19 +92,20 @@ pub(crate) struct CallContainment {
 impl CallContainment {
     /// Prepares a call: takes a cgroup from `cgroups` (when containing) with the tree
     /// limits applied, and returns the rlimits the child must set.
-    pub fn prepare(
-        cgroups: Option<&ServiceCgroups>,
-        limits: &CallLimits,
-    ) -> std::io::Result<(Self, Vec<Rlimit>)> {
-        let cgroup = match cgroups {
-            Some(set) => Some(set.acquire(TreeLimits {
+    ///
+    /// A cgroup that cannot be had (e.g. `cgroup.max.descendants` reached) does not fail
+    /// the call: it runs with session containment and rlimits, and its facts say so.
+    pub fn prepare(cgroups: Option<&ServiceCgroups>, limits: &CallLimits) -> (Self, Vec<Rlimit>) {
+        let cgroup = cgroups.and_then(|set| {
+            set.acquire(TreeLimits {
                 memory_bytes: limits.memory_bytes.filter(|_| set.has_memory()),
                 max_processes: limits.max_processes.filter(|_| set.has_pids()),
-            })?),
-            None => None,
-        };
-        let tree_memory = cgroups.is_some_and(ServiceCgroups::has_memory);
-        let tree_processes = cgroups.is_some_and(ServiceCgroups::has_pids);
+            })
+            .ok()
+        });
+        let contained = cgroup.is_some();
+        let tree_memory = contained && cgroups.is_some_and(ServiceCgroups::has_memory);
+        let tree_processes = contained && cgroups.is_some_and(ServiceCgroups::has_pids);
         let mut rlimits = Vec::new();
         if let Some(v) = limits.file_size_bytes {
             rlimits.push((libc::RLIMIT_FSIZE, v, v));
@@ -130,7 +131,7 @@ impl CallContainment {
             .cpu_ms
             .filter(|_| cpu_limit_usec.is_some())
             .map(|ms| Instant::now() + cpu_check_interval(ms));
-        Ok((
+        (
             Self {
                 contained: cgroup.is_some(),
                 cgroup,
@@ -144,7 +145,7 @@ impl CallContainment {
                 counted: HashSet::new(),
             },
             rlimits,
-        ))
+        )
     }
 
     /// Signals every process of the call: the cgroup's members, else the group.

@@ -348,7 +348,7 @@ impl Service {
         if cgroups.is_none() {
             self.shared.tell_keeper(|_| {}); // started before the call, so it can be told
         }
-        let (contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits)?;
+        let (contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
         plan.cgroup = contain.cgroup.as_ref().map(CallCgroup::dir_fd);
         plan.join_cgroups = contain
             .cgroup

@@ -241,3 +241,29 @@ def test_kill_reaches_an_escapee_holding_the_pipes_at_once(
     assert r.timed_out
     assert r.leftover_killed == 1
     assert survivors(token) == []
+
+
+@needs_cgroup
+def test_a_call_without_a_cgroup_falls_back_to_session_and_says_so(
+    tmp_path: os.PathLike[str],
+) -> None:
+    before = own_cgroup_dirs()
+    svc = SubprocessService()
+    try:
+        ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=svc)
+        ex.run_sync(ex.resolve(ShellExecRequest(command="true")))
+        root = str(containment_facts()["cgroup_root"])
+        (parent,) = [d for d in new_cgroup_dirs(before) if os.path.dirname(d) == root]
+        with open(os.path.join(parent, "cgroup.max.descendants"), "w") as f:
+            f.write("1")  # the pooled cgroup; no second one can be made
+        busy = ex.start(ex.resolve(ShellExecRequest(command="sleep 30")))
+        r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo ok")))
+        assert r.stdout.text == "ok\n"
+        assert r.resources is not None
+        assert r.resources.containment == "session"
+        assert r.resources.enforcement == "process"  # max_processes had no controller
+        busy.kill()
+        busy.wait_sync(10)
+    finally:
+        svc.dispose()
+    assert new_cgroup_dirs(before) == []
