@@ -696,6 +696,10 @@ impl ServiceCgroups {
             // OOM inside the call kills a member instead of pausing the call.
             let _ = write_at(m.raw(), "memory.oom_control", "0");
         }
+        if self.v2_memory {
+            // v2: an OOM kill takes the whole call, not one arbitrary member.
+            let _ = write_at(dir.raw(), "memory.oom.group", "1");
+        }
         let mut cg = CallCgroup {
             dir,
             memory,
