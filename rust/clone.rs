@@ -124,33 +124,32 @@ struct CloneArgs {
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// `clone3` into `cgroup_fd` with vfork semantics; the child runs `entry(arg)` on `stack`.
-/// Returns the pid (storing the pidfd) or `-errno`.
+/// `clone3` into `cgroup_fd` with vfork semantics; the child runs `entry(arg)` on the stack
+/// whose (16-byte aligned) top is `top`, exactly as with `libc::clone`. Returns the pid
+/// (storing the pidfd) or `-errno`.
 ///
 /// # Safety
 /// As `libc::clone` with `CLONE_VM | CLONE_VFORK`: `entry` must only make raw syscalls
-/// and `arg`/`stack` must outlive the child's exec.
+/// and `arg` and the stack below `top` must outlive the child's exec.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn clone3_into(
     cgroup_fd: RawFd,
-    stack: &mut [u8],
+    top: *mut c_void,
     entry: extern "C" fn(*mut c_void) -> libc::c_int,
     arg: *mut c_void,
     pidfd: &mut libc::c_int,
 ) -> libc::c_long {
+    // The kernel starts the child at `stack + stack_size`; only that sum matters.
+    const SPAN: u64 = 16;
     let mut args = CloneArgs {
         flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64 | CLONE_INTO_CGROUP,
         pidfd: pidfd as *mut libc::c_int as u64,
         exit_signal: libc::SIGCHLD as u64,
-        // The kernel computes the top; keep it 16-byte aligned by trimming the length.
-        stack: stack.as_mut_ptr() as u64,
-        stack_size: (stack.len() as u64) & !0xf,
+        stack: (top as u64).saturating_sub(SPAN),
+        stack_size: SPAN,
         cgroup: cgroup_fd as u64,
         ..CloneArgs::default()
     };
-    if (args.stack + args.stack_size) & 0xf != 0 {
-        args.stack_size -= (args.stack + args.stack_size) & 0xf;
-    }
     let ret: libc::c_long;
     // SAFETY: the parent returns from `syscall` normally. The child starts on the new,
     // aligned stack with a copy of our registers: it calls `entry(arg)` (kept in the
@@ -185,7 +184,7 @@ pub unsafe fn clone3_into(
 #[cfg(not(target_arch = "x86_64"))]
 pub unsafe fn clone3_into(
     _cgroup_fd: RawFd,
-    _stack: &mut [u8],
+    _top: *mut c_void,
     _entry: extern "C" fn(*mut c_void) -> libc::c_int,
     _arg: *mut c_void,
     _pidfd: &mut libc::c_int,

@@ -124,7 +124,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
     let mut args = args;
-    let (pid, clone_error) = clone_child(plan.cgroup, &mut args, &mut stack, top, &mut pidfd);
+    let (pid, clone_error) = clone_child(plan.cgroup, &mut args, top as *mut c_void, &mut pidfd);
     // SAFETY: restores the mask saved above on this thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
@@ -160,14 +160,13 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
 fn clone_child(
     cgroup: Option<RawFd>,
     args: &mut ChildArgs,
-    stack: &mut [u8],
-    top: usize,
+    top: *mut c_void,
     pidfd: &mut libc::c_int,
 ) -> (libc::pid_t, io::Error) {
     let arg = args as *mut ChildArgs as *mut c_void;
     if let Some(fd) = cgroup {
-        // SAFETY: as for clone below; `args` and `stack` outlive the child's exec.
-        let ret = unsafe { clone3_into(fd, stack, child_main, arg, pidfd) };
+        // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
+        let ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd) };
         if ret >= 0 {
             return (ret as libc::pid_t, io::Error::from_raw_os_error(0));
         }
@@ -181,15 +180,7 @@ fn clone_child(
     // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
     // and `stack`) outlives the call: CLONE_VFORK suspends us until the child has exec'd or
     // exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top as *mut c_void,
-            flags,
-            arg,
-            pidfd as *mut libc::c_int,
-        )
-    };
+    let pid = unsafe { libc::clone(child_main, top, flags, arg, pidfd as *mut libc::c_int) };
     (pid, io::Error::last_os_error())
 }
 
