@@ -220,6 +220,43 @@ mod tests {
     }
 
     #[test]
+    fn clean_up_kills_every_call_cgroup_and_removes_them() {
+        use crate::cgroup::{hierarchy, ServiceCgroups, TreeLimits};
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        let set = ServiceCgroups::new(h).expect("service cgroups");
+        let cg = set.acquire(TreeLimits::default()).expect("acquire");
+        let c = |s: &str| CString::new(s).unwrap();
+        let plan = SpawnPlan {
+            program: c("/bin/sleep"),
+            argv: vec![c("sleep"), c("300")],
+            envp: std::sync::Arc::new(vec![]),
+            cwd: c("/"),
+            landlock_ruleset: None,
+            cgroup: Some(cg.dir_fd()),
+            join_cgroups: cg.join_fds(),
+            rlimits: Vec::new(),
+        };
+        let child = spawn(&plan).expect("spawn");
+        let mut d = Duties::default();
+        d.apply(&format!("cgroup {}", set.parent().display()));
+        for dir in set.parents().iter().skip(1) {
+            d.apply(&format!("dir {}", dir.display()));
+        }
+        d.clean_up();
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
+        for dir in set.parents() {
+            assert!(!dir.exists(), "{}", dir.display());
+        }
+        drop(cg);
+    }
+
+    #[test]
     fn clean_up_removes_spill_dirs() {
         let dir = std::env::temp_dir().join(format!("keeper-test-{}", std::process::id()));
         fs::create_dir_all(dir.join("sub")).unwrap();
