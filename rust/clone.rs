@@ -56,13 +56,13 @@ impl ChildContain {
 
 const CGROUP_PROCS: &[u8] = b"cgroup.procs\0";
 
-/// In the child: join every cgroup, then lower the rlimits. Raw syscalls only; false on
-/// failure with errno set.
+/// In the child, first of all (before anything could fork): join every cgroup. Raw
+/// syscalls only; false on failure with errno set.
 ///
 /// # Safety
 /// Called between clone and exec in a child sharing the parent's memory; `c` is the
 /// parent's data, alive until the child execs.
-pub unsafe fn child_contain(c: &ChildContain) -> bool {
+pub unsafe fn child_join_cgroups(c: &ChildContain) -> bool {
     for &dir in &c.join {
         if dir < 0 {
             continue;
@@ -87,6 +87,16 @@ pub unsafe fn child_contain(c: &ChildContain) -> bool {
             return false;
         }
     }
+    true
+}
+
+/// In the child, once its stdio is in place (a tiny `RLIMIT_NOFILE` must not refuse the
+/// `dup2` onto 0..2) and before the sandbox: set the rlimits. Raw syscalls only; false on
+/// failure with errno set.
+///
+/// # Safety
+/// As `child_join_cgroups`.
+pub unsafe fn child_set_rlimits(c: &ChildContain) -> bool {
     for &(resource, soft, hard) in &c.rlimits[..c.rlimit_count.min(MAX_RLIMITS)] {
         let lim = [soft, hard];
         // SAFETY: prlimit64 on ourselves with a valid two-u64 struct.

@@ -272,7 +272,7 @@ fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
     // SAFETY (whole function): raw syscalls on memory prepared by the parent; each failure
     // leaves errno set for `child_main` to report.
     // SAFETY: raw syscalls on the parent's data, before anything else can fork.
-    if !unsafe { crate::clone::child_contain(&args.contain) } {
+    if !unsafe { crate::clone::child_join_cgroups(&args.contain) } {
         return Err(SpawnStage::Contain);
     }
     unsafe {
@@ -318,6 +318,10 @@ fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
             for fd in 3..=args.max_fd {
                 libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
             }
+        }
+
+        if !crate::clone::child_set_rlimits(&args.contain) {
+            return Err(SpawnStage::Contain);
         }
 
         if args.landlock_fd >= 0 {

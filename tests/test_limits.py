@@ -321,3 +321,17 @@ def test_doctor_reports_containment_and_each_limit() -> None:
         assert "not contained" in mechanism
     expected = ", ".join(f"{k}={v}" for k, v in PER_LIMIT.items())
     assert f"limits: {expected}" in lines
+
+
+def test_tiny_open_files_limit_is_the_commands_problem_not_a_spawn_failure(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    # The rlimit is set after the child's stdio is in place, so even 1 open file spawns;
+    # bash itself then cannot open its libraries (EMFILE) and says so.
+    ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=1))
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo hi")))
+    assert r.exit_code == 127
+    assert "Error 24" in r.stderr.text or "Too many open files" in r.stderr.text
+    ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=4))
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo hi")))
+    assert (r.stdout.text, r.exit_code) == ("hi\n", 0)
