@@ -365,6 +365,11 @@ impl CallCgroup {
             let mut peak = open_at(self.dir.raw(), "memory.peak", libc::O_RDWR)?;
             let _ = peak.write_all(b"reset");
             self.peak = Some(peak);
+        } else if self.use_memory {
+            if let Some(mem) = &self.memory {
+                // The peak of this call only: reset to the current usage.
+                let _ = write_at(mem.raw(), "memory.max_usage_in_bytes", "0");
+            }
         }
         if limits.memory_bytes != self.applied.memory_bytes {
             let (limit, swap, fd) = self.memory_file();
@@ -450,20 +455,11 @@ impl CallCgroup {
         self.dirs().for_each(|d| d.fd = None);
     }
 
-    /// Reads the baselines of counters that cannot be reset and resets the memory peak;
-    /// done when the cgroup is empty and goes back to the pool.
+    /// Reads the baselines of counters that cannot be reset (a new cgroup).
     fn rebase(&mut self) {
         self.cpu_base = self.cpu_usec_total();
-        if self.use_pids {
-            self.pids_max_base = self.pids_max_events();
-        }
-        if self.use_memory {
-            self.oom_base = self.oom_kills();
-            if let Some(mem) = &self.memory {
-                let _ = write_at(mem.raw(), "memory.max_usage_in_bytes", "0");
-            }
-        }
-        self.peak = None;
+        self.pids_max_base = self.pids_max_events();
+        self.oom_base = self.oom_kills();
     }
 
     fn cpu_usec_total(&self) -> u64 {
@@ -503,9 +499,10 @@ impl CallCgroup {
         self.cpu_usec_total().saturating_sub(self.cpu_base)
     }
 
-    /// Accounting of the call; read before its completion is signalled.
-    pub fn usage(&self) -> Usage {
-        let peak = if let Some(mut file) = self.peak.as_ref() {
+    /// Accounting of the call; read once, before its completion is signalled, when its
+    /// processes are gone. The totals read become the next call's baselines.
+    pub fn usage(&mut self) -> Usage {
+        let peak = if let Some(mut file) = self.peak.take() {
             let mut text = String::new();
             file.read_to_string(&mut text).ok().map(|_| text)
         } else if self.use_memory {
@@ -515,12 +512,25 @@ impl CallCgroup {
         } else {
             None
         };
-        Usage {
-            cpu_usec: self.cpu_usec(),
+        let cpu_total = self.cpu_usec_total();
+        let mut usage = Usage {
+            cpu_usec: cpu_total.saturating_sub(self.cpu_base),
             peak_memory_bytes: peak.and_then(|t| t.trim().parse().ok()),
-            oom_killed: self.use_memory && self.oom_kills() > self.oom_base,
-            forks_refused: self.use_pids && self.pids_max_events() > self.pids_max_base,
+            oom_killed: false,
+            forks_refused: false,
+        };
+        self.cpu_base = cpu_total;
+        if self.use_memory {
+            let ooms = self.oom_kills();
+            usage.oom_killed = ooms > self.oom_base;
+            self.oom_base = ooms;
         }
+        if self.use_pids {
+            let refused = self.pids_max_events();
+            usage.forks_refused = refused > self.pids_max_base;
+            self.pids_max_base = refused;
+        }
+        usage
     }
 
     /// Live members (zombies are not listed by cgroup v2).
@@ -733,24 +743,28 @@ impl ServiceCgroups {
         Ok(cg)
     }
 
-    /// Returns an emptied cgroup to the pool (or removes it); one still populated is left
-    /// alone until the service goes away.
-    pub fn release(&self, mut cg: CallCgroup) {
-        if cg.killed {
-            remove(cg);
-            return;
-        }
-        if cg.populated() {
-            // Members that would not die: never reuse it; `remove_all` retries the rmdir.
-            return;
-        }
-        cg.rebase();
+    /// Whether `cg` can go straight back to the pool: its call emptied it and it was never
+    /// `cgroup.kill`ed. `pool` then takes it without a syscall beyond closing its fds.
+    pub fn reusable(cg: &CallCgroup, emptied: bool) -> bool {
+        emptied && !cg.killed
+    }
+
+    /// Returns an emptied, reusable cgroup to the pool (see `reusable`).
+    pub fn pool(&self, mut cg: CallCgroup) {
         cg.close();
         let mut pool = lock(&self.pool);
         if pool.len() < POOL_MAX {
             pool.push(cg);
         } else {
             drop(pool);
+            remove(cg);
+        }
+    }
+
+    /// Disposes of a cgroup that is not plainly reusable: removes a killed one, leaves one
+    /// that is still populated (members that would not die) until the service goes away.
+    pub fn release(&self, cg: CallCgroup) {
+        if cg.killed || !cg.populated() {
             remove(cg);
         }
     }
@@ -922,10 +936,12 @@ mod tests {
         assert!(!cg.populated());
         assert!(cg.members().is_empty());
         let path = cg.path().to_path_buf();
-        svc.release(cg);
+        assert!(ServiceCgroups::reusable(&cg, true));
+        svc.pool(cg);
         let again = svc.acquire(TreeLimits::default()).expect("reuse");
         assert_eq!(again.path(), path);
-        svc.release(again);
+        svc.release(again); // not plainly reusable: removed at once
+        assert!(!path.exists());
         svc.remove_all();
         assert!(!path.exists());
         assert!(!svc.parent().exists());

@@ -87,6 +87,8 @@ pub(crate) struct CallContainment {
     pub events: Option<(OwnedFd, Option<u64>)>,
     /// Members already counted in `leftover_killed`.
     counted: HashSet<libc::pid_t>,
+    /// The cgroup was last seen empty (the call's processes are all gone).
+    pub emptied: bool,
 }
 
 impl CallContainment {
@@ -143,6 +145,7 @@ impl CallContainment {
                 usage: None,
                 events: None,
                 counted: HashSet::new(),
+                emptied: false,
             },
             rlimits,
         )
@@ -184,6 +187,7 @@ impl CallContainment {
             Some(cg) => {
                 let members = cg.members();
                 let alive = !members.is_empty();
+                self.emptied = !alive;
                 let new = members
                     .into_iter()
                     .filter(|pid| self.counted.insert(*pid))
@@ -199,9 +203,13 @@ impl CallContainment {
     }
 
     /// Whether anything of the call is still running.
-    pub fn any_alive(&self, pgid: libc::pid_t) -> bool {
+    pub fn any_alive(&mut self, pgid: libc::pid_t) -> bool {
         match &self.cgroup {
-            Some(cg) => cg.populated(),
+            Some(cg) => {
+                let alive = cg.populated();
+                self.emptied = !alive;
+                alive
+            }
             None => group_alive(pgid) && count_group(pgid) > 0,
         }
     }
@@ -228,7 +236,7 @@ impl CallContainment {
 
     /// Reads the call's accounting; done once, before completion is signalled.
     pub fn stamp(&mut self) {
-        if let Some(cg) = &self.cgroup {
+        if let Some(cg) = &mut self.cgroup {
             self.usage = Some(cg.usage());
         }
         self.next_cpu_check = None;

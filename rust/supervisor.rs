@@ -211,8 +211,16 @@ impl Shared {
         let owner = match contain.cgroup.take() {
             Some(cg) => {
                 let tail = cg_tail(cg.path());
-                lock(&self.releases).push(cg);
-                eventfd_raise(&self.wake);
+                let set = self.cgroups.get().and_then(Option::as_ref);
+                match set {
+                    // The common case, at once: no fd of the call outlives its completion.
+                    Some(set) if ServiceCgroups::reusable(&cg, contain.emptied) => set.pool(cg),
+                    _ => {
+                        // rmdir or a populated check: off the caller's path.
+                        lock(&self.releases).push(cg);
+                        eventfd_raise(&self.wake);
+                    }
+                }
                 Owner::Cgroup(tail)
             }
             None => {
@@ -234,7 +242,7 @@ impl Shared {
         }
     }
 
-    /// Puts emptied cgroups back into the pool (supervisor thread, no process lock held).
+    /// Removes cgroups that cannot be reused (supervisor thread, no process lock held).
     fn recycle(&self) {
         let done: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.releases));
         if let Some(set) = self.cgroups.get().and_then(Option::as_ref) {
