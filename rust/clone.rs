@@ -22,8 +22,10 @@ pub const MAX_JOINS: usize = 3;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ChildContain {
-    /// Cgroup directory fds to join; -1 marks an unused slot.
+    /// v1 cgroup directory fds to join; -1 marks an unused slot.
     pub join: [RawFd; MAX_JOINS],
+    /// A v2 cgroup directory to join when clone3 could not clone into it; -1: none.
+    pub join_v2: RawFd,
     /// `(resource, soft, hard)`.
     pub rlimits: [(u32, u64, u64); MAX_RLIMITS],
     pub rlimit_count: usize,
@@ -33,6 +35,7 @@ impl ChildContain {
     pub fn new(join: &[RawFd], rlimits: &[(u32, u64, u64)]) -> Self {
         let mut out = Self {
             join: [-1; MAX_JOINS],
+            join_v2: -1,
             rlimits: [(0, 0, 0); MAX_RLIMITS],
             rlimit_count: 0,
         };
@@ -46,15 +49,42 @@ impl ChildContain {
         out
     }
 
-    pub fn with_join(mut self, fd: RawFd) -> Self {
-        if let Some(slot) = self.join.iter_mut().find(|s| **s < 0) {
-            *slot = fd;
-        }
+    /// The child joins the v2 cgroup `fd` itself (no clone3 on this kernel or architecture).
+    pub fn with_join_v2(mut self, fd: RawFd) -> Self {
+        self.join_v2 = fd;
         self
     }
 }
 
 const CGROUP_PROCS: &[u8] = b"cgroup.procs\0";
+/// v1: moving only the calling thread (`tasks`, pid 0) skips the global threadgroup
+/// lock that a `cgroup.procs` write takes, and with it an RCU grace period that could cost
+/// milliseconds; the child is single-threaded, so the thread is the process.
+const TASKS: &[u8] = b"tasks\0";
+
+/// Writes "0" (this task) into `name` under the cgroup directory `dir`.
+///
+/// # Safety
+/// Raw syscalls only; callable between clone and exec.
+unsafe fn join(dir: RawFd, name: &[u8]) -> bool {
+    // SAFETY: raw openat/write/close on a NUL-terminated static name.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            dir,
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: as above; "0" moves the writing task.
+    let n = unsafe { libc::syscall(libc::SYS_write, fd, b"0".as_ptr(), 1usize) };
+    // SAFETY: closes the fd opened above.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    n >= 0
+}
 
 /// In the child, first of all (before anything could fork): join every cgroup. Raw
 /// syscalls only; false on failure with errno set.
@@ -63,27 +93,13 @@ const CGROUP_PROCS: &[u8] = b"cgroup.procs\0";
 /// Called between clone and exec in a child sharing the parent's memory; `c` is the
 /// parent's data, alive until the child execs.
 pub unsafe fn child_join_cgroups(c: &ChildContain) -> bool {
+    // SAFETY: raw syscalls on the parent's data (see `join`).
+    if c.join_v2 >= 0 && !unsafe { join(c.join_v2, CGROUP_PROCS) } {
+        return false;
+    }
     for &dir in &c.join {
-        if dir < 0 {
-            continue;
-        }
-        // SAFETY: raw openat/write/close on a NUL-terminated static name.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat,
-                dir,
-                CGROUP_PROCS.as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return false;
-        }
-        // SAFETY: as above; "0" moves the writing process.
-        let n = unsafe { libc::syscall(libc::SYS_write, fd, b"0".as_ptr(), 1usize) };
-        // SAFETY: closes the fd opened above.
-        unsafe { libc::syscall(libc::SYS_close, fd) };
-        if n < 0 {
+        // SAFETY: as above.
+        if dir >= 0 && !unsafe { join(dir, TASKS) } {
             return false;
         }
     }
@@ -200,4 +216,65 @@ pub unsafe fn clone3_into(
     _pidfd: &mut libc::c_int,
 ) -> libc::c_long {
     -(libc::ENOSYS as libc::c_long)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::{hierarchy, ServiceCgroups, TreeLimits};
+
+    /// The path without clone3: a child joins its v2 cgroup (`cgroup.procs`) and its v1
+    /// controllers (`tasks`) itself.
+    #[test]
+    fn a_child_joins_v2_and_v1_cgroups_itself() {
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        let set = ServiceCgroups::new(h).expect("service cgroups");
+        let cg = set
+            .acquire(TreeLimits {
+                memory_bytes: Some(1 << 30),
+                max_processes: Some(16),
+            })
+            .expect("acquire");
+        let contain = ChildContain::new(&cg.join_fds(), &[]).with_join_v2(cg.dir_fd());
+        // SAFETY: the child only makes raw syscalls, then pauses until killed.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: raw syscalls in the forked child.
+            unsafe {
+                if !child_join_cgroups(&contain) {
+                    libc::syscall(libc::SYS_exit_group, 1);
+                }
+                loop {
+                    libc::syscall(libc::SYS_pause);
+                }
+            }
+        }
+        let name = set
+            .parent()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut joined = 0;
+        for _ in 0..200 {
+            let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            joined = own.lines().filter(|l| l.contains(&name)).count();
+            if joined >= 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // SAFETY: signals and reaps our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(joined, 3, "v2 + memory + pids");
+        set.release(cg);
+        set.remove_all();
+        assert!(set.parents().iter().all(|p| !p.exists()));
+    }
 }

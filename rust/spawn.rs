@@ -174,7 +174,7 @@ fn clone_child(
         if errno != libc::ENOSYS && errno != libc::E2BIG {
             return (-1, io::Error::from_raw_os_error(errno));
         }
-        args.contain = args.contain.with_join(fd);
+        args.contain = args.contain.with_join_v2(fd);
     }
     let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
     // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
