@@ -38,6 +38,7 @@ from .service import (
     ChildEnv,
     Collected,
     EnvBuilder,
+    Finished,
     ManagedProcess,
     Ruleset,
     SubprocessService,
@@ -98,9 +99,11 @@ _EMPTY = CollectedOutput(
 )
 
 
-def _resources(spec: ShellExecSpec, proc: ManagedProcess) -> ShellResources | None:
+def _resources(
+    spec: ShellExecSpec, proc: ManagedProcess, finished: Finished | None = None
+) -> ShellResources | None:
     """The resources of a settled process (None while it runs)."""
-    finished = proc.result()
+    finished = finished or proc.result()
     if finished is None:
         return None
     outcome = finished.outcome
@@ -270,7 +273,7 @@ class LocalShellExecutor(ShellExecutor):
             duration_ms=outcome.duration_ms,
             leftover_killed=outcome.leftover_killed,
             sandbox=self._sandbox_info(spec, outcome.exit_code, stderr.text),
-            resources=_resources(spec, proc),
+            resources=_resources(spec, proc, finished),
             exit_status_unknown=outcome.exit_status_unknown,
         )
 
