@@ -335,3 +335,22 @@ def test_tiny_open_files_limit_is_the_commands_problem_not_a_spawn_failure(
     ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=4))
     r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo hi")))
     assert (r.stdout.text, r.exit_code) == ("hi\n", 0)
+
+
+def test_model_input_cannot_set_limits(svc: SubprocessService, tmp_path: os.PathLike[str]) -> None:
+    import asyncio
+
+    from shellseam import BashTool, ManagedEnvRegistry, ToolContext
+    from shellseam.tasks import TaskRuntime
+
+    ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=64, file_size_bytes=100))
+    tool = BashTool(ex, tasks=TaskRuntime(), env=ManagedEnvRegistry(home=str(tmp_path)))
+    args = {
+        "command": "ulimit -n; head -c 1000 /dev/zero > f",
+        "description": "limits from the model are ignored",
+        "limits": {"open_files": 100000, "file_size_bytes": None},
+        "memory_bytes": 1,
+    }
+    result = asyncio.run(tool.execute(args, ToolContext("s", str(tmp_path))))
+    assert result.text.startswith("64\n")
+    assert "[file size limit of 100 bytes reached]" in result.text
