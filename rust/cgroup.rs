@@ -618,6 +618,12 @@ impl ServiceCgroups {
         let name = parent_name();
         let parent = v2.join(&name);
         fs::create_dir(&parent)?;
+        for dir in [Some(v2), h.memory_v1.as_ref(), h.pids_v1.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            sweep_stale(dir);
+        }
         let (mut v2_memory, mut v2_pids) = (h.v2_memory, h.v2_pids);
         if v2_memory || v2_pids {
             let mut want = String::new();
@@ -793,6 +799,27 @@ fn remove(cg: CallCgroup) {
     }
 }
 
+/// Removes the empty cgroup parents of services whose harness is gone (its keeper could
+/// not clean up, e.g. it was SIGKILLed too). Only `shellseam-<pid>-<n>` directories of
+/// dead pids, and only empty ones: rmdir refuses a populated cgroup.
+fn sweep_stale(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("shellseam-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_tree(&entry.path());
+        }
+    }
+}
+
 /// rmdir of a cgroup subtree, children first (cgroup dirs hold only virtual files).
 pub fn remove_tree(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
@@ -917,6 +944,22 @@ mod tests {
         assert!(!killed.exists(), "a killed cgroup is removed, never pooled");
         svc.remove_all();
         assert!(!svc.parent().exists());
+    }
+
+    #[test]
+    fn a_new_service_sweeps_empty_parents_of_dead_harnesses() {
+        let h = hierarchy();
+        let Some(root) = h.v2.as_ref() else { return };
+        // A pid that is surely dead: a reaped child of ours.
+        let child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let dead = child.id();
+        let mut child = child;
+        child.wait().unwrap();
+        let stale = root.join(format!("shellseam-{dead}-7"));
+        fs::create_dir_all(stale.join("c0")).unwrap();
+        let svc = ServiceCgroups::new(h).expect("service cgroups");
+        assert!(!stale.exists());
+        svc.remove_all();
     }
 
     #[test]
