@@ -16,7 +16,9 @@ MANYLINUX ?= manylinux_2_28
 WHEEL_TARGET ?= x86_64-unknown-linux-gnu
 
 # maturin and pip would otherwise act on the caller's active venv or conda env.
-MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin
+# (PATH first names the venv so that maturin finds its zig: `python -m ziglang`.)
+MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+  $(VENV)/bin/maturin
 # A source build needs a Rust toolchain; never let the build backend download one silently.
 export MATURIN_NO_INSTALL_RUST := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1

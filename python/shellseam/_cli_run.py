@@ -1,0 +1,249 @@
+"""``shellseam run``: one command through an executor, under the CLI's own event loop.
+
+The loop owns the stop signals: SIGINT, SIGTERM or SIGHUP to the CLI aborts the call (the
+executor kills the command's processes with its usual escalation) and the CLI exits 128+n
+once they are gone. ``--stream`` starts the command in the background and copies its output
+to the CLI's stdout and stderr as it arrives, then prints the markers on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from . import render
+from .abort import AbortController
+from .errors import INVALID_REQUEST, ShellError
+from .executor import ShellExecutor
+from .factory import make_executor
+from .paths import default_spill_parent
+from .process import STDERR_SECTION, ShellProcess
+from .service import SubprocessService
+from .types import CollectedOutput, ShellExecRequest, ShellExecSpec, ShellRunResult
+
+EXIT_USAGE = 2
+EXIT_INFRASTRUCTURE = 125
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: How often ``--stream`` copies new output (the live view's latency).
+STREAM_POLL_S = 0.03
+
+
+def _fail(code: int, message: str) -> int:
+    print("shellseam: " + " ".join(message.split()), file=sys.stderr)
+    return code
+
+
+def exit_status(exit_code: int | None, signal_name: str | None) -> int:
+    """The CLI's exit status for a command's outcome: its code, or 128+n for signal n."""
+    if exit_code is not None:
+        return exit_code
+    try:
+        return 128 + int(signal.Signals[signal_name or "SIGKILL"])
+    except KeyError:
+        return 128 + signal.SIGKILL
+
+
+def _stdin_bytes() -> bytes | None:
+    """The CLI's stdin for the command when it is not a terminal (and is open at all)."""
+    if sys.stdin is None:
+        return None
+    try:
+        if os.isatty(0):
+            return None
+        return sys.stdin.buffer.read()
+    except (OSError, ValueError):
+        return None
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """The request's ``ResourceLimits`` from the limit flags, or None when none was given."""
+    fields = {
+        "memory_bytes": args.memory,
+        "max_processes": args.max_processes,
+        "cpu_ms": args.cpu_ms,
+    }
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if not fields:
+        return None
+    from . import types
+
+    limits_class = getattr(types, "ResourceLimits", None)
+    if limits_class is None:
+        raise ShellError(INVALID_REQUEST, "resource limits are not supported by this build")
+    return limits_class(**fields)
+
+
+def _request(args: argparse.Namespace, controller: AbortController) -> ShellExecRequest:
+    words = list(args.command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise _Usage("run: expected a command after --")
+    fields: dict[str, Any] = {}
+    limits = _limits(args)
+    if limits is not None:
+        fields["limits"] = limits
+    return ShellExecRequest(
+        command=" ".join(words),
+        workdir=args.workdir,
+        timeout_ms=args.timeout_ms,
+        stdin=_stdin_bytes(),
+        signal=controller.signal,
+        **fields,
+    )
+
+
+class _Usage(Exception):
+    """A usage error found after parsing: one line, exit 2."""
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``shellseam run``: the exit status (see ``shellseam run --help``)."""
+    try:
+        return asyncio.run(_run(args))
+    except _Usage as err:
+        return _fail(EXIT_USAGE, str(err))
+    except ShellError as err:
+        code = EXIT_USAGE if err.code == INVALID_REQUEST else EXIT_INFRASTRUCTURE
+        return _fail(code, f"{err.code}: {err.reason}")
+
+
+async def _run(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    controller = AbortController()
+    received: list[int] = []
+
+    def on_stop(signum: int) -> None:
+        received.append(signum)
+        controller.abort(f"shellseam received {signal.Signals(signum).name}")
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_stop, signum)
+    service = SubprocessService(spill_parent=default_spill_parent("cli"), keep_spill=True)
+    try:
+        try:
+            executor = make_executor(args.sandbox, network=not args.no_network, service=service)
+        except ValueError as err:
+            raise _Usage(str(err).replace("network=False", "--no-network")) from None
+        spec = executor.resolve(_request(args, controller))
+        if args.stream:
+            result = await _stream(executor, spec)
+            print(_markers(result), file=sys.stderr)
+        else:
+            result = await executor.run(spec)
+            if args.json:
+                print(json.dumps(dataclasses.asdict(result), ensure_ascii=False))
+            else:
+                print(render.render_result(result))
+    finally:
+        await service.aclose()
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+    sys.stdout.flush()
+    if received:
+        return 128 + received[0]
+    return exit_status(result.exit_code, result.signal)
+
+
+def _split_delta(delta: str) -> tuple[str, str]:
+    """A background read's (stdout, stderr): the read merges them as stdout + ``[stderr]``
+    section. Output that itself prints the section line can be attributed to the wrong
+    stream in the live view (the final markers and spill files are unaffected)."""
+    out, marker, err = delta.partition(STDERR_SECTION)
+    return (out, err) if marker else (delta, "")
+
+
+async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResult:
+    """Runs ``spec`` in the background, copying its output live; a foreground-like result.
+
+    The background handle has no timeout and no abort signal of its own: both are applied
+    here (the first cause wins, as in a foreground run).
+    """
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    proc = executor.start(spec)
+    cause: list[str] = []
+
+    def stop(why: str) -> None:
+        if not cause:
+            cause.append(why)
+            proc.kill()
+
+    remove = spec.signal.add_listener(lambda: stop("abort")) if spec.signal else None
+    deadline = loop.time() + spec.timeout_ms / 1000
+    spills: dict[str, str] = {}
+    waiter = asyncio.ensure_future(proc.wait())
+    try:
+        while True:
+            await asyncio.wait({waiter}, timeout=STREAM_POLL_S)
+            _copy_output(proc, spills)
+            if waiter.done():
+                break
+            if loop.time() >= deadline:
+                stop("timeout")
+    finally:
+        if remove is not None:
+            remove()
+        if not waiter.done():
+            proc.kill()
+            await waiter
+    extra: dict[str, Any] = {}
+    if any(f.name == "resources" for f in dataclasses.fields(ShellRunResult)):
+        extra["resources"] = getattr(proc, "resources", None)
+    return ShellRunResult(
+        exit_code=proc.exit_code,
+        signal=proc.signal,
+        timed_out=cause[:1] == ["timeout"],
+        aborted=cause[:1] == ["abort"],
+        timeout_ms=spec.timeout_ms,
+        stdout=_dropped(spills.get("stdout")),
+        stderr=_dropped(spills.get("stderr")),
+        duration_ms=(time.monotonic() - started) * 1000,
+        sandbox=proc.sandbox,
+        **extra,
+    )
+
+
+def _copy_output(proc: ShellProcess, spills: dict[str, str]) -> None:
+    read = proc.read_output()
+    out, err = _split_delta(read.delta)
+    if out:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    if err:
+        sys.stderr.write(err)
+        sys.stderr.flush()
+    # A stream that outran the live view dropped bytes from memory; its spill file has them.
+    if read.stdout_spill_path:
+        spills["stdout"] = read.stdout_spill_path
+    if read.stderr_spill_path:
+        spills["stderr"] = read.stderr_spill_path
+
+
+def _dropped(spill_path: str | None) -> CollectedOutput:
+    """A stream already shown live: no text, truncated when the live view lost bytes."""
+    return CollectedOutput(
+        text="",
+        truncated=spill_path is not None,
+        spill_path=spill_path,
+        total_bytes=0,
+        spill_truncated=False,
+    )
+
+
+def _markers(result: ShellRunResult) -> str:
+    """The rendering without the output text (what ``--stream`` prints after the output)."""
+    render_markers = getattr(render, "render_markers", None)
+    if render_markers is not None:
+        text: str = render_markers(result)
+        return text
+    # Until render.render_markers lands: the rendering of a result with no text is the
+    # markers after a "(no output)" line.
+    return render.render_result(result).removeprefix("(no output)").lstrip("\n")
