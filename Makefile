@@ -1,9 +1,9 @@
 # The habits of this project. `make help` lists them.
 #
-# Every target works inside the project's own virtualenv ($(VENV), created on first use) and
-# never in the caller's: an active venv's VIRTUAL_ENV is overridden for maturin, and every
-# tool is called as $(VENV)/bin/... . So `make run` and `make test` behave the same inside an
-# active venv, outside one, and on a system Python that refuses `pip install` (PEP 668).
+# Every target works in the project's own virtualenv ($(VENV), created on first use) and never
+# in the caller's: an active venv's VIRTUAL_ENV is overridden for maturin and every tool is
+# called as $(VENV)/bin/... . So `make run` and `make test` behave the same inside an active
+# venv, outside one, and on a system Python that refuses `pip install` (PEP 668).
 .DEFAULT_GOAL := help
 VENV ?= .venv
 PYTHON ?= python3
@@ -14,44 +14,51 @@ DIST ?= dist
 # The oldest glibc the x86_64 wheel promises; zig links against that glibc's symbol versions.
 MANYLINUX ?= manylinux_2_28
 WHEEL_TARGET ?= x86_64-unknown-linux-gnu
+DEMO := echo "hello from $$(uname -sr)"; ls / | head -3
 
-# maturin and pip would otherwise act on the caller's active venv or conda env.
-# (PATH first names the venv so that maturin finds its zig: `python -m ziglang`.)
+# maturin and pip would otherwise act on the caller's active venv or conda env. (PATH names
+# the venv first so that maturin finds the venv's zig, `python -m ziglang`.)
 MATURIN := env -u CONDA_PREFIX VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
   $(VENV)/bin/maturin
 # A source build needs a Rust toolchain; never let the build backend download one silently.
 export MATURIN_NO_INSTALL_RUST := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv build-dev run test test-rust test-python lint wheel bench bench-quick clean
+.PHONY: help rust-toolchain venv build-dev run test test-rust test-python lint wheel bench \
+  bench-quick clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-12s %s\n", $$1, $$2}'
 
 rust-toolchain:
 	@command -v cargo >/dev/null 2>&1 || { \
-	  echo "shellseam: a Rust toolchain (cargo, rustc >= 1.85) is needed to build from source;" \
-	       "install it with rustup (https://rustup.rs) or your distribution's packages" >&2; \
+	  echo "shellseam: building from source needs a Rust toolchain (cargo, rustc >= 1.85):" \
+	       "install it with rustup (https://rustup.rs), then open a new shell" >&2; \
 	  exit 1; }
-.PHONY: rust-toolchain
 
-# pip >= 25.1 installs PEP 735 dependency groups (`--group`).
-$(VENV)/.deps: pyproject.toml
+# The venv, with pip >= 25.1 (it installs PEP 735 dependency groups, `--group`) and maturin.
+$(VENV)/.venv-ok: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo "shellseam: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt install python3-venv" >&2; \
 	  rm -rf $(VENV); exit 1; }
 	$(PY) -m pip install -q --upgrade 'pip>=25.1'
+	$(PY) -m pip install -q 'maturin>=1.9.4,<2'
+	@touch $@
+
+# The test and lint tools (dependency group `dev`).
+$(VENV)/.dev-ok: $(VENV)/.venv-ok
 	$(PY) -m pip install -q --group dev
 	@touch $@
 
-venv: $(VENV)/.deps ## create .venv with the test and lint tools (dependency group `dev`)
+venv: $(VENV)/.dev-ok ## create .venv with maturin and the test and lint tools (group `dev`)
 
 build-dev: rust-toolchain venv ## build the extension (release) into .venv with the front-end extras
 	$(MATURIN) develop --release -q -E $(EXTRAS)
 
-run: build-dev ## install into .venv and run one real command through the shellseam CLI
-	@echo '$$ .venv/bin/shellseam run -- '\''echo "hello from $$(uname -sr)"; ls / | head -3'\'''
-	@$(VENV)/bin/shellseam run -- 'echo "hello from $$(uname -sr)"; ls / | head -3'
+run: rust-toolchain $(VENV)/.venv-ok ## build shellseam into .venv and run one real command with its CLI
+	$(MATURIN) develop --release -q
+	@echo '$$ .venv/bin/shellseam run -- '\''$(DEMO)'\'''
+	@$(VENV)/bin/shellseam run -- '$(DEMO)'
 
 test-rust: rust-toolchain ## cargo test (pure Rust core, no Python needed)
 	cargo test --quiet
@@ -70,10 +77,10 @@ lint: build-dev ## ruff, mypy --strict, stubtest, cargo fmt --check, clippy -D w
 	cargo clippy --quiet --all-targets -- -D warnings
 	cargo clippy --quiet --features python -- -D warnings
 
-# zig (from PyPI's `ziglang`) links against $(MANYLINUX)'s glibc symbol versions, so the
-# wheel is honest about the oldest glibc it needs; a plain host build would need the host's
-# (glibc 2.34+ versions of pthread_* and friends). auditwheel then checks the result.
-wheel: rust-toolchain venv ## build the manylinux wheel + sdist into dist/ and check it with auditwheel
+# zig (PyPI's `ziglang`) links against $(MANYLINUX)'s glibc symbol versions, so the wheel is
+# honest about the oldest glibc it needs; a plain host build would bind the host's (glibc
+# 2.34 moved pthread_* and dlsym into libc under new versions). auditwheel checks the result.
+wheel: rust-toolchain $(VENV)/.venv-ok ## build the manylinux wheel + sdist into dist/, check with auditwheel
 	$(PY) -m pip install -q --group wheel
 	rustup target list --installed 2>/dev/null | grep -qx $(WHEEL_TARGET) || rustup target add $(WHEEL_TARGET)
 	rm -rf $(DIST)
