@@ -463,3 +463,26 @@ def test_parse_size_returns_a_positive_int_or_raises_value_error(text: str) -> N
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="invalid size"):
         parse_size(text)
+
+
+def test_ctrl_c_while_stdin_is_still_open_exits_130() -> None:
+    with subprocess.Popen(
+        [*CLI, "run", "--", "cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            # Wait until the CLI blocks reading its stdin (read(0, ...) on x86_64: syscall 0).
+            deadline = time.monotonic() + 20
+            while not Path(f"/proc/{proc.pid}/syscall").read_text().startswith("0 0x0 "):
+                assert time.monotonic() < deadline, "the CLI never read its stdin"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=20) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read() == "" and "Traceback" not in proc.stderr.read()

@@ -80,7 +80,9 @@ def _limits(args: argparse.Namespace) -> Any:
     return limits_class(**fields)
 
 
-def _request(args: argparse.Namespace, controller: AbortController) -> ShellExecRequest:
+def _request(
+    args: argparse.Namespace, stdin: bytes | None, controller: AbortController
+) -> ShellExecRequest:
     words = list(args.command)
     if words and words[0] == "--":
         words = words[1:]
@@ -94,7 +96,7 @@ def _request(args: argparse.Namespace, controller: AbortController) -> ShellExec
         command=" ".join(words),
         workdir=args.workdir,
         timeout_ms=args.timeout_ms,
-        stdin=_stdin_bytes(),
+        stdin=stdin,
         signal=controller.signal,
         **fields,
     )
@@ -106,8 +108,11 @@ class _Usage(Exception):
 
 def run_command(args: argparse.Namespace) -> int:
     """``shellseam run``: the exit status (see ``shellseam run --help``)."""
+    # stdin is read before the stop signals are taken over: Ctrl-C while it is still open
+    # interrupts the read (exit 130) instead of waiting for its end.
+    stdin = _stdin_bytes()
     try:
-        return asyncio.run(_run(args))
+        return asyncio.run(_run(args, stdin))
     except _Usage as err:
         return _fail(EXIT_USAGE, str(err))
     except ShellError as err:
@@ -115,7 +120,7 @@ def run_command(args: argparse.Namespace) -> int:
         return _fail(code, f"{err.code}: {err.reason}")
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
     loop = asyncio.get_running_loop()
     controller = AbortController()
     received: list[int] = []
@@ -132,7 +137,7 @@ async def _run(args: argparse.Namespace) -> int:
             executor = make_executor(args.sandbox, network=not args.no_network, service=service)
         except ValueError as err:
             raise _Usage(str(err).replace("network=False", "--no-network")) from None
-        spec = executor.resolve(_request(args, controller))
+        spec = executor.resolve(_request(args, stdin, controller))
         if args.stream:
             result = await _stream(executor, spec)
             print(_markers(result), file=sys.stderr)
