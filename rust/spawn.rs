@@ -12,6 +12,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::errors::{SpawnError, SpawnStage};
+use crate::pipes::{above_stdio, cloexec_pipe, set_nonblocking};
 
 /// Size of the child's stack while it runs between clone and exec.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
@@ -57,44 +58,6 @@ struct ChildArgs {
     max_fd: RawFd,
 }
 
-fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-/// A pipe whose both ends are close-on-exec.
-fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1 as RawFd; 2];
-    // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded, so both fds are fresh and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Moves `fd` above the stdio range so that the child's `dup2` onto 0..2 never aliases it
-/// (a harness that closed its own stdin would otherwise get pipe fds 0..2 back).
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd that we then own.
-    let new = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) })?;
-    // SAFETY: `new` was just returned by fcntl and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
-}
-
-pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a valid fd only change its status flags.
-    unsafe {
-        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
-        cvt(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-    }
-    Ok(())
-}
-
 fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
     let mut ptrs: Vec<*const libc::c_char> = strings.iter().map(|s| s.as_ptr()).collect();
     ptrs.push(std::ptr::null());
@@ -113,7 +76,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let stderr_w = above_stdio(stderr_w).map_err(pipe_err)?;
     let report_w = above_stdio(report_w).map_err(pipe_err)?;
     for fd in [&stdin_w, &stdout_r, &stderr_r] {
-        set_nonblocking(fd.as_raw_fd()).map_err(pipe_err)?;
+        set_nonblocking(fd).map_err(pipe_err)?;
     }
 
     let argv = null_terminated(&plan.argv);

@@ -67,6 +67,7 @@ def test_json_output_has_dataclass_fields(tmp_path: object) -> None:
     data = json.loads(p.stdout)
     assert data["exit_code"] == 0 and data["stdout"]["text"] == f"{tmp_path}\n"
     assert set(data) == {f.name for f in dataclasses.fields(ShellRunResult)}
+    assert "exit_status_unknown" in data
     assert set(data["stdout"]) == {
         "text",
         "truncated",

@@ -28,12 +28,12 @@ import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from shellseam.env import ManagedEnvRegistry
 from shellseam.local import LocalShellExecutor
 from shellseam.mcp_server import run
 from shellseam.sandbox import SandboxShellExecutor
 from shellseam.tasks import TaskRuntime
 from shellseam.tool.bash import PROMPT_TEXT, BashTool
+from shellseam.tool.managed_env import ManagedEnvRegistry
 from shellseam.tool.tasks import task_tools
 
 

@@ -8,7 +8,6 @@ rendering. See README.md for the two-minute tour.
 from importlib import metadata as _metadata
 
 from .abort import AbortController, AbortSignal
-from .env import ManagedEnvContributor, ManagedEnvRegistry
 from .errors import ShellError
 from .executor import ShellExecutor
 from .local import LocalShellExecutor
@@ -21,6 +20,8 @@ from .tool import (
     ApprovalRequest,
     ApprovalService,
     BashTool,
+    ManagedEnvContributor,
+    ManagedEnvRegistry,
     PromptSection,
     SandboxModeStore,
     ToolContext,

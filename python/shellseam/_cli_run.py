@@ -24,7 +24,8 @@ from .errors import INVALID_REQUEST, ShellError
 from .executor import ShellExecutor
 from .factory import make_executor
 from .paths import default_spill_parent
-from .process import STDERR_SECTION, ShellProcess
+from .process import ShellProcess
+from .render import STDERR_SECTION
 from .service import SubprocessService
 from .types import CollectedOutput, ShellExecRequest, ShellExecSpec, ShellRunResult
 

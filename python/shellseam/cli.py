@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from typing import NoReturn
 
-from . import __version__, _core
+from . import __version__
+from . import service as _service
 from .factory import MissingExtra, require_extra
 from .local import LocalShellExecutor
 from .paths import default_spill_parent
@@ -299,7 +300,7 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
     abi = landlock_abi()
     print(f"landlock abi: {abi}" + ("" if abi else " (no Landlock: confined modes fail closed)"))
     if abi:
-        print(f"kernel fs rights: {', '.join(_core.landlock_fs_rights())}")
+        print(f"kernel fs rights: {', '.join(_service.landlock_fs_rights())}")
     for mode in SANDBOX_MODES:
         for network in (True, False):
             if mode == "danger-full-access" and not network:
@@ -309,7 +310,7 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
                 print(f"mode {label}: nothing confined")
                 continue
             enforcement = enforcement_for(mode, network)
-            missing = _core.landlock_missing(network)
+            missing = _service.landlock_missing(network)
             detail = "" if not missing else " — missing: " + "; ".join(missing)
             print(f"mode {label}: {enforcement}{detail}")
     print(f"spill parent: {default_spill_parent()} (one private 0700 directory per service)")

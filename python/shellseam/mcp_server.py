@@ -32,13 +32,13 @@ from mcp.server.stdio import stdio_server
 
 from . import __version__
 from ._mcp_wire import stdio_wire
-from .env import ManagedEnvRegistry
 from .executor import ShellExecutor
 from .factory import make_executor
 from .service import SubprocessService
 from .tasks import TaskRuntime
 from .tool.bash import BashTool
 from .tool.context import ToolContext, ToolResult
+from .tool.managed_env import ManagedEnvRegistry
 from .tool.tasks import task_tools
 from .types import SANDBOX_MODES
 

@@ -95,6 +95,9 @@ class ShellRunResult:
     duration_ms: float
     leftover_killed: int = 0
     sandbox: ShellSandboxInfo | None = None
+    #: The status was reaped by someone else (a stray ``waitpid(-1)`` in the harness):
+    #: ``exit_code`` and ``signal`` are None, never a made-up 0.
+    exit_status_unknown: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,112 @@
+//! `_core.Supervisor`: one subprocess service.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::cstring;
+use super::env::Env;
+use super::proc::Proc;
+use super::ruleset::Ruleset;
+use crate::errors::CoreError;
+use crate::process::ProcConfig;
+use crate::spawn::SpawnPlan;
+use crate::supervisor::Service;
+
+/// The supervisor of one subprocess service.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Supervisor {
+    inner: Arc<Service>,
+}
+
+#[pymethods]
+impl Supervisor {
+    #[new]
+    fn new(spill_parent: PathBuf) -> PyResult<Self> {
+        Ok(Self {
+            inner: Arc::new(Service::new(spill_parent).map_err(CoreError::Io)?),
+        })
+    }
+
+    #[getter]
+    fn spill_dir(&self) -> Option<String> {
+        self.inner
+            .spill_dir()
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    #[getter]
+    fn running(&self) -> usize {
+        self.inner.running()
+    }
+
+    #[getter]
+    fn disposed(&self) -> bool {
+        self.inner.is_disposed()
+    }
+
+    #[getter]
+    fn has_thread(&self) -> bool {
+        self.inner.has_supervisor_thread()
+    }
+
+    /// Spawns `argv` (program path `program`) in a new process group.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None))]
+    fn spawn(
+        &self,
+        py: Python<'_>,
+        program: Vec<u8>,
+        argv: Vec<Vec<u8>>,
+        cwd: Vec<u8>,
+        env: &Env,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        stderr_cap: usize,
+        spill_cap: u64,
+        grace_ms: u64,
+        ruleset: Option<&Ruleset>,
+    ) -> PyResult<Proc> {
+        let argv = argv
+            .into_iter()
+            .map(|a| cstring(a, "an argument"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let plan = SpawnPlan {
+            program: cstring(program, "the program path")?,
+            argv,
+            envp: Arc::clone(&env.envp),
+            cwd: cstring(cwd, "the working directory")?,
+            landlock_ruleset: ruleset.map(|r| r.fd.as_raw_fd()),
+        };
+        let cfg = ProcConfig {
+            stdout_cap,
+            stderr_cap,
+            spill_cap,
+            grace: Duration::from_millis(grace_ms),
+            stdin,
+        };
+        let inner = Arc::clone(&self.inner);
+        let proc = py.detach(move || inner.spawn(&plan, cfg))?;
+        Ok(Proc { inner: proc })
+    }
+
+    /// Refuses new spawns and requests the kill of every live process (no waiting).
+    fn begin_dispose(&self, py: Python<'_>) -> Vec<Proc> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.begin_dispose())
+            .into_iter()
+            .map(|inner| Proc { inner })
+            .collect()
+    }
+
+    /// Kills (with escalation) and reaps every process, stops the supervisor thread and
+    /// removes the spill directory unless `keep_spill`.
+    #[pyo3(signature = (keep_spill=false))]
+    fn dispose(&self, py: Python<'_>, keep_spill: bool) {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.dispose(keep_spill));
+    }
+}
