@@ -56,7 +56,7 @@ def test_installed_metadata_license_classifiers_urls() -> None:
         assert expected in classifiers, expected
     urls = {url.split(",")[0] for url in meta.get_all("Project-URL") or ()}
     assert {"Homepage", "Source", "Issues", "Changelog"} <= urls
-    assert set(meta.get_all("Provides-Extra") or ()) >= {"mcp", "minisweagent"}
+    assert set(meta.get_all("Provides-Extra") or ()) >= {"mcp", "minisweagent", "ray"}
     assert "dev" not in set(meta.get_all("Provides-Extra") or ())
     # The description a package index shows opens with what shellseam is, not `pip install .`.
     description = meta.get_payload()  # type: ignore[attr-defined]
