@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("mcp", reason="the mcp SDK is not installed (pip install 'shellseam[mcp]')")
 
@@ -28,6 +30,7 @@ import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from shellseam._mcp_wire import check_line
 from shellseam.local import LocalShellExecutor
 from shellseam.mcp_server import run
 from shellseam.sandbox import SandboxShellExecutor
@@ -342,14 +345,14 @@ def test_sigterm_stops_the_server_and_the_sessions_processes(workdir: Path, home
     drive(scenario)
 
 
-@pytest.mark.parametrize("stop", ["eof", "sigterm"])
+@pytest.mark.parametrize("stop", ["eof", "sigterm", "sighup"])
 def test_the_server_exits_0_on_eof_and_on_sigterm(workdir: Path, home: Path, stop: str) -> None:
     with _raw_server(workdir, home) as server:
         assert server.stdin is not None
         if stop == "eof":
             server.stdin.close()
         else:
-            server.send_signal(signal.SIGTERM)
+            server.send_signal(signal.SIGTERM if stop == "sigterm" else signal.SIGHUP)
         assert server.wait(timeout=10) == 0
 
 
@@ -559,3 +562,42 @@ def test_ray_address_without_the_ray_backend_is_a_one_line_hint(workdir: Path) -
         "shellseam: running commands on a Ray cluster needs the 'ray' extra: "
         "pip install 'shellseam[ray]'\n"
     )
+
+
+# -- the line checker as a pure function (hypothesis) ----------------------------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    st.binary(max_size=64) | st.text(max_size=64).map(lambda t: t.encode("utf-8", "surrogatepass"))
+)
+def test_check_line_never_raises_and_every_refusal_is_a_json_rpc_error(line: bytes) -> None:
+    text, reply = check_line(line)
+    assert text is None or reply is None
+    if reply is not None:
+        parsed = json.loads(reply)
+        assert parsed["jsonrpc"] == "2.0" and set(parsed) == {"jsonrpc", "id", "error"}
+        assert parsed["error"]["code"] in (-32700, -32600)
+        assert reply.encode("utf-8")  # the reply itself is always valid UTF-8
+    elif text is not None:
+        types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+
+
+@given(
+    st.one_of(st.integers(min_value=-(2**53), max_value=2**53), st.text(max_size=8)),
+    st.sampled_from(["ping", "tools/list", "tools/call"]),
+    st.dictionaries(st.text(max_size=5), _json_values, max_size=3),
+)
+def test_check_line_passes_every_well_formed_request(
+    request_id: int | str, method: str, params: dict[str, Any]
+) -> None:
+    message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+    line = json.dumps(message).encode()
+    assert check_line(line) == (line.decode(), None)

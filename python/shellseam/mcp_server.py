@@ -9,7 +9,7 @@ Tools carry annotations (``bash`` may destroy and reaches the open world; ``task
 
 A stdio server has exactly one client connection, and that connection is one session: a
 fresh session id is the owner of every background task it starts. When the client
-disconnects (EOF on stdin) or the server is told to stop (SIGTERM, SIGINT), the session's
+disconnects (EOF on stdin) or the server is told to stop (SIGTERM, SIGINT, SIGHUP), the session's
 tasks are killed, the subprocess service is disposed (every process it still owns killed and
 reaped, spill files removed) and ``run`` returns, so nothing the server started outlives it.
 The wire itself (error replies for bad lines, the line limit) is ``_mcp_wire``.
@@ -249,7 +249,7 @@ def _text_result(
 
 
 async def _cancel_on_stop_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for _signum in signals:
             scope.cancel()
             return
