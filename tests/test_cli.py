@@ -94,8 +94,9 @@ def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...]) -> None:
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
-def test_infrastructure_failure_is_one_line_exit_125() -> None:
-    p = cli("run", "--workdir", "/definitely/missing", "--", "true")
+@pytest.mark.parametrize("stream", [[], ["--stream"]])
+def test_infrastructure_failure_is_one_line_exit_125(stream: list[str]) -> None:
+    p = cli("run", *stream, "--workdir", "/definitely/missing", "--", "true")
     assert p.returncode == 125 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and "SPAWN_FAILED" in p.stderr
 

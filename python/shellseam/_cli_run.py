@@ -20,7 +20,7 @@ from typing import Any
 
 from . import render
 from .abort import AbortController
-from .errors import INVALID_REQUEST, ShellError
+from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 from .executor import ShellExecutor
 from .factory import make_executor
 from .paths import default_spill_parent
@@ -175,6 +175,7 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     proc = executor.start(spec)
+    _raise_spawn_failure(proc)
     cause: list[str] = []
 
     def stop(why: str) -> None:
@@ -215,6 +216,19 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
         sandbox=proc.sandbox,
         **extra,
     )
+
+
+def _raise_spawn_failure(proc: ShellProcess) -> None:
+    """A background start that could not spawn settles at once as ``killed`` with neither
+    exit code nor signal and one ``spawn failed: <reason>`` delta; ``--stream`` reports it
+    as a foreground run would: ``ShellError`` (exit 125), never as the command's output."""
+    if proc.status != "killed" or proc.exit_code is not None or proc.signal is not None:
+        return
+    reason = proc.read_output().delta.removeprefix("spawn failed: ")
+    sandbox = proc.sandbox
+    if sandbox is not None and sandbox.runner_failed:
+        raise ShellError(SANDBOX_UNAVAILABLE, reason)
+    raise ShellError(SPAWN_FAILED, reason)
 
 
 def _copy_output(proc: ShellProcess, spills: dict[str, str]) -> None:
