@@ -488,3 +488,10 @@ def test_ctrl_c_while_stdin_is_still_open_exits_130() -> None:
                 proc.kill()
         assert proc.stdout is not None and proc.stderr is not None
         assert proc.stdout.read() == "" and "Traceback" not in proc.stderr.read()
+
+
+def test_stream_keeps_up_with_megabytes_of_output() -> None:
+    p = cli("run", "--stream", "--", "seq 1 200000")
+    expected = "".join(f"{i}\n" for i in range(1, 200001))
+    assert (p.returncode, p.stderr) == (0, "[exit code: 0]\n")
+    assert p.stdout == expected

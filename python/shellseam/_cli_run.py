@@ -32,8 +32,11 @@ from .types import CollectedOutput, ShellExecRequest, ShellExecSpec, ShellRunRes
 EXIT_USAGE = 2
 EXIT_INFRASTRUCTURE = 125
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: How often ``--stream`` copies new output (the live view's latency).
+#: How often an idle ``--stream`` looks for new output (the live view's latency).
 STREAM_POLL_S = 0.03
+#: Unread output ``--stream`` may fall behind by before bytes are dropped from the live view
+#: (they stay in the spill file, and the markers say so).
+STREAM_BUFFER_BYTES = 8 * 2**20
 
 
 def _fail(code: int, message: str) -> int:
@@ -135,7 +138,14 @@ async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
     service = SubprocessService(spill_parent=default_spill_parent("cli"), keep_spill=True)
     try:
         try:
-            executor = make_executor(args.sandbox, network=not args.no_network, service=service)
+            # --stream reads in the background, where a stream keeps at most
+            # max_output_bytes unread: a larger buffer lets the live view keep up.
+            config: dict[str, Any] = (
+                {"max_output_bytes": STREAM_BUFFER_BYTES} if args.stream else {}
+            )
+            executor = make_executor(
+                args.sandbox, network=not args.no_network, service=service, **config
+            )
         except ValueError as err:
             raise _Usage(str(err).replace("network=False", "--no-network")) from None
         spec = executor.resolve(_request(args, stdin, controller))
@@ -189,10 +199,12 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
     waiter = asyncio.ensure_future(proc.wait())
     try:
         while True:
-            await asyncio.wait({waiter}, timeout=STREAM_POLL_S)
-            _copy_output(proc, spills)
+            copied = _copy_output(proc, spills)
             if waiter.done():
+                _copy_output(proc, spills)
                 break
+            # Idle: wait for the end or the next poll; busy: read again right away.
+            await asyncio.wait({waiter}, timeout=0 if copied else STREAM_POLL_S)
             if loop.time() >= deadline:
                 stop("timeout")
     finally:
@@ -231,7 +243,8 @@ def _raise_spawn_failure(proc: ShellProcess) -> None:
     raise ShellError(SPAWN_FAILED, reason)
 
 
-def _copy_output(proc: ShellProcess, spills: dict[str, str]) -> None:
+def _copy_output(proc: ShellProcess, spills: dict[str, str]) -> bool:
+    """Copies new output to the CLI's stdout/stderr; True when there was any."""
     read = proc.read_output()
     out, err = _split_delta(read.delta)
     if out:
@@ -245,6 +258,7 @@ def _copy_output(proc: ShellProcess, spills: dict[str, str]) -> None:
         spills["stdout"] = read.stdout_spill_path
     if read.stderr_spill_path:
         spills["stderr"] = read.stderr_spill_path
+    return bool(read.delta)
 
 
 def _dropped(spill_path: str | None) -> CollectedOutput:
