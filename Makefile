@@ -58,7 +58,7 @@ build-dev: rust-toolchain venv ## build the extension (release) into .venv with 
 run: rust-toolchain $(VENV)/.venv-ok ## build shellseam into .venv and run one real command with its CLI
 	$(MATURIN) develop --release -q
 	@echo '$$ .venv/bin/shellseam run -- '\''$(DEMO)'\'''
-	@$(VENV)/bin/shellseam run -- '$(DEMO)'
+	@$(VENV)/bin/shellseam run -- '$(DEMO)' </dev/null
 
 test-rust: rust-toolchain ## cargo test (pure Rust core, no Python needed)
 	cargo test --quiet
