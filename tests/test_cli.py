@@ -155,7 +155,9 @@ def test_help_has_examples_and_exit_codes() -> None:
     for code in ("  2 ", "  125 ", "  128+n "):
         assert code in p.stdout
     # How the words after -- become one command, and the advice to quote it.
-    assert "joined with single" in p.stdout and "quote the whole command" in p.stdout
+    assert (
+        "joined with single spaces into ONE command" in p.stdout and "quote the whole" in p.stdout
+    )
 
 
 def test_every_option_of_every_command_has_help() -> None:

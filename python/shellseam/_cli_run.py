@@ -236,7 +236,7 @@ def _raise_spawn_failure(proc: ShellProcess) -> None:
     as a foreground run would: ``ShellError`` (exit 125), never as the command's output."""
     if proc.status != "killed" or proc.exit_code is not None or proc.signal is not None:
         return
-    reason = proc.read_output().delta.removeprefix("spawn failed: ")
+    reason = proc.read_output().delta.removeprefix(render.render_spawn_failure(""))
     sandbox = proc.sandbox
     if sandbox is not None and sandbox.runner_failed:
         raise ShellError(SANDBOX_UNAVAILABLE, reason)
@@ -278,6 +278,6 @@ def _markers(result: ShellRunResult) -> str:
     if render_markers is not None:
         text: str = render_markers(result)
         return text
-    # Until render.render_markers lands: the rendering of a result with no text is the
-    # markers after a "(no output)" line.
-    return render.render_result(result).removeprefix("(no output)").lstrip("\n")
+    # Until render.render_markers lands: a result without output text renders as the
+    # no-output line, then the markers.
+    return render.render_result(result).partition("\n")[2]

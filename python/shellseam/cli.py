@@ -104,19 +104,19 @@ examples:
 
 exit codes of `shellseam run`:
   N      the command's own exit code; 128+n when it was killed by signal n
-  2      usage error or invalid request (one line on stderr)
-  125    the command could not be run: spawn failed, sandbox unavailable (one line on stderr)
+  2      usage error, or a request shellseam refuses (one line on stderr)
+  125    the command could not be started: no such workdir, no Landlock... (one line)
   128+n  shellseam itself got SIGINT, SIGTERM or SIGHUP (n): it killed the command first
 """
 
 _RUN_DESCRIPTION = """\
-Run one command with `bash -c` and print the model-facing rendering: stdout, a [stderr]
-section, then the markers ([exit code: N] last). The words after `--` are joined with single
-spaces into ONE command that bash parses again, so quote the whole command as one argument:
-`shellseam run -- "echo it's"`, not `shellseam run -- echo "it's"`. When shellseam's own
-stdin is not a terminal it is passed to the command. Spill files of truncated output are
-kept (under the spill parent's cli/ folder) so that printed paths stay readable; `shellseam
-clean` removes old ones.
+Run one command with `bash -c` and print the model-facing rendering: stdout, then stderr in
+a section of its own, then the markers, the exit status last. The words after `--` are
+joined with single spaces into ONE command that bash parses again, so quote the whole
+command as one argument: `shellseam run -- "echo it's"`, not `shellseam run -- echo "it's"`.
+When shellseam's own stdin is not a terminal it is passed to the command. Spill files of
+truncated output are kept (under the spill parent's cli/ folder) so that printed paths stay
+readable; `shellseam clean` removes old ones.
 """
 
 
