@@ -151,7 +151,7 @@ async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
         spec = executor.resolve(_request(args, stdin, controller))
         if args.stream:
             result = await _stream(executor, spec)
-            print(_markers(result), file=sys.stderr)
+            print(render.render_markers(result), file=sys.stderr)
         else:
             result = await executor.run(spec)
             if args.json:
@@ -270,14 +270,3 @@ def _dropped(spill_path: str | None) -> CollectedOutput:
         total_bytes=0,
         spill_truncated=False,
     )
-
-
-def _markers(result: ShellRunResult) -> str:
-    """The rendering without the output text (what ``--stream`` prints after the output)."""
-    render_markers = getattr(render, "render_markers", None)
-    if render_markers is not None:
-        text: str = render_markers(result)
-        return text
-    # Until render.render_markers lands: a result without output text renders as the
-    # no-output line, then the markers.
-    return render.render_result(result).partition("\n")[2]
