@@ -6,17 +6,17 @@
 //! (physically at most twice that, so that trimming is amortised O(1) per byte). A consuming
 //! cursor serves background reads: unread bytes older than the tail are dropped and flagged.
 
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::PathBuf;
 
+use crate::spill::SpillFile;
 use crate::utf8;
 
 /// Spill bytes are buffered up to this size before one file write.
 const SPILL_BATCH_BYTES: usize = 256 * 1024;
 
 /// Opens a fresh spill file on demand.
-pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(File, PathBuf)>;
+pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(SpillFile, PathBuf)>;
 
 #[derive(Debug)]
 pub struct Collector {
@@ -24,7 +24,7 @@ pub struct Collector {
     spill_cap: u64,
     buf: Vec<u8>,
     total: u64,
-    spill_file: Option<File>,
+    spill_file: Option<SpillFile>,
     spill_pending: Vec<u8>,
     spill_path: Option<PathBuf>,
     spill_written: u64,
@@ -127,7 +127,12 @@ impl Collector {
             return;
         }
         let room = self.spill_cap.saturating_sub(self.spill_written);
-        let take = (bytes.len() as u64).min(room) as usize;
+        let want = (bytes.len() as u64).min(room);
+        // The service's spill files share one total budget (max_spill_total_bytes).
+        let take = match &self.spill_file {
+            Some(file) => file.grant(want) as usize,
+            None => 0,
+        };
         if take < bytes.len() {
             self.spill_truncated = true;
         }
@@ -218,7 +223,7 @@ impl Collector {
 mod tests {
     use super::*;
 
-    fn no_spill() -> impl FnMut() -> io::Result<(File, PathBuf)> {
+    fn no_spill() -> impl FnMut() -> io::Result<(SpillFile, PathBuf)> {
         || Err(io::Error::other("no spill in this test"))
     }
 

@@ -27,7 +27,8 @@ def thread_count() -> int:
 def test_thousand_calls_leave_nothing_behind() -> None:
     svc = SubprocessService()
     ex = LocalShellExecutor(service=svc, grace_ms=200, max_output_bytes=100)
-    ex.run_sync(ex.resolve(ShellExecRequest(command="true")))  # start the supervisor
+    # Start the supervisor and open the spill directory (the service holds its fd).
+    ex.run_sync(ex.resolve(ShellExecRequest(command="seq 1 500")))
     gc.collect()  # earlier tests' event loops (and their eventfds) must not skew the count
     fds, threads = fd_count(), thread_count()
 

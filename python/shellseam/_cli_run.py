@@ -23,7 +23,7 @@ from .abort import AbortController
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 from .executor import ShellExecutor
 from .factory import make_executor
-from .paths import default_spill_parent
+from .paths import cli_spill_parent
 from .process import ShellProcess
 from .render import STDERR_SECTION
 from .service import SubprocessService
@@ -135,7 +135,7 @@ async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
 
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, on_stop, signum)
-    service = SubprocessService(spill_parent=default_spill_parent("cli"), keep_spill=True)
+    service = SubprocessService(spill_parent=cli_spill_parent(), keep_spill=True)
     try:
         try:
             # --stream reads in the background, where a stream keeps at most

@@ -24,8 +24,9 @@ from . import __version__
 from . import service as _service
 from .factory import MissingExtra, require_extra
 from .local import LocalShellExecutor
-from .paths import default_spill_parent
-from .sandbox import enforcement_for, landlock_abi
+from .paths import cli_spill_parent
+from .sandbox import enforcement_for, landlock_abi, sandbox_facts
+from .service import default_spill_parent
 from .types import SANDBOX_MODES
 
 EXIT_USAGE = 2
@@ -314,6 +315,8 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
             detail = "" if not missing else " — missing: " + "; ".join(missing)
             print(f"mode {label}: {enforcement}{detail}")
     print(f"spill parent: {default_spill_parent()} (one private 0700 directory per service)")
+    for line in sandbox_facts():
+        print(line)
     ex = LocalShellExecutor()
     print(
         "defaults: "
@@ -354,11 +357,18 @@ def _last_touched(path: str) -> float:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    parent = default_spill_parent("cli")
+    parent = cli_spill_parent()
     now = time.time()
     removed = kept = 0
     with os.scandir(parent) as entries:
-        folders = [e for e in entries if e.is_dir(follow_symlinks=False)]
+        # Only spill directories of ours: the parent may be a shared directory.
+        folders = [
+            e
+            for e in entries
+            if e.name.startswith("shellseam-")
+            and e.is_dir(follow_symlinks=False)
+            and e.stat(follow_symlinks=False).st_uid == os.geteuid()
+        ]
     for entry in folders:
         try:
             old = args.all or now - _last_touched(entry.path) > CLEAN_AFTER_S
