@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -377,11 +378,45 @@ def test_clean_removes_folders_older_than_a_day(tmp_path: Path) -> None:
         os.utime(path, (two_days_ago, two_days_ago))
     p = cli("clean", env=env)
     assert p.returncode == 0
-    assert p.stdout == f"removed 1 spill folder from {cli_dir} (1 younger than a day kept)\n"
+    # One line per folder swept (the first is the cache's; a /var/tmp one may follow).
+    assert p.stdout.splitlines()[0] == (
+        f"removed 1 spill folder from {cli_dir} (1 younger than a day kept)"
+    )
     assert not old.exists() and young.exists()
     p = cli("clean", "--all", env=env)
-    assert p.stdout == f"removed 1 spill folder from {cli_dir}\n"
+    assert p.stdout.splitlines()[0] == f"removed 1 spill folder from {cli_dir}"
     assert list(cli_dir.iterdir()) == []
+
+
+def test_clean_leaves_what_is_not_a_spill_folder_of_ours(tmp_path: Path) -> None:
+    cli_dir = tmp_path / "shellseam" / "cli"
+    (cli_dir / "notes").mkdir(parents=True)
+    (cli_dir / "shellseam-link").symlink_to(tmp_path)
+    p = cli("clean", "--all", env=_env_with_cache(tmp_path))
+    assert p.stdout.splitlines()[0] == f"removed 0 spill folders from {cli_dir}"
+    assert (cli_dir / "notes").is_dir() and (cli_dir / "shellseam-link").is_symlink()
+
+
+def test_a_workspace_holding_the_cache_gets_its_spill_files_elsewhere(tmp_path: Path) -> None:
+    # cwd = the workspace root of a workspace-write call; the default spill parent lies in
+    # it (the usual case of a shell in ~): the spill files must go where it cannot write.
+    p = cli(
+        "run",
+        "--sandbox",
+        "workspace-write",
+        "--",
+        "seq 1 100000",
+        cwd=str(tmp_path),
+        env=_env_with_cache(tmp_path / ".cache"),
+    )
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("[output truncated"))
+    path = Path(line.removeprefix("[output truncated; full output: ").removesuffix("]"))
+    try:
+        assert path.parent.parent == Path(f"/var/tmp/shellseam-{os.geteuid()}/cli")
+        assert path.read_text().endswith("99999\n100000\n")
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 # -- missing extras ---------------------------------------------------------------------------

@@ -601,3 +601,24 @@ def test_check_line_passes_every_well_formed_request(
     message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
     line = json.dumps(message).encode()
     assert check_line(line) == (line.decode(), None)
+
+
+def test_a_workspace_holding_the_cache_still_gets_spill_files(workdir: Path, home: Path) -> None:
+    executable, *args = server_command(workdir, home, "workspace-write")
+    params = StdioServerParameters(
+        command=executable,
+        args=args,
+        env={"PYTHONPATH": os.pathsep.join(sys.path), "XDG_CACHE_HOME": str(workdir / ".cache")},
+    )
+
+    async def scenario() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await bash(session, "seq 1 100000")
+            content = result.structured_content
+            assert content is not None and content["exit_code"] == 0, texts(result)
+            spill = Path(content["stdout_spill_path"])
+            assert not spill.is_relative_to(workdir)
+            assert spill.read_text().endswith("99999\n100000\n")
+
+    drive(scenario)

@@ -135,7 +135,10 @@ async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
 
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, on_stop, signum)
-    service = SubprocessService(spill_parent=cli_spill_parent(), keep_spill=True)
+    # A workspace-write call may write anywhere under the cwd (its workspace root): the spill
+    # files must live outside it.
+    roots = [os.getcwd()] if args.sandbox == "workspace-write" else []
+    service = SubprocessService(spill_parent=cli_spill_parent(*roots), keep_spill=True)
     try:
         try:
             # --stream reads in the background, where a stream keeps at most

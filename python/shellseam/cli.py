@@ -24,7 +24,7 @@ from . import __version__
 from . import service as _service
 from .factory import MissingExtra, require_extra
 from .local import LocalShellExecutor
-from .paths import cli_spill_parent
+from .paths import cli_spill_parents
 from .sandbox import enforcement_for, landlock_abi, sandbox_facts
 from .service import default_spill_parent
 from .types import SANDBOX_MODES
@@ -357,32 +357,32 @@ def _last_touched(path: str) -> float:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    parent = cli_spill_parent()
     now = time.time()
-    removed = kept = 0
-    with os.scandir(parent) as entries:
-        # Only spill directories of ours: the parent may be a shared directory.
-        folders = [
-            e
-            for e in entries
-            if e.name.startswith("shellseam-")
-            and e.is_dir(follow_symlinks=False)
-            and e.stat(follow_symlinks=False).st_uid == os.geteuid()
-        ]
-    for entry in folders:
-        try:
-            old = args.all or now - _last_touched(entry.path) > CLEAN_AFTER_S
-        except OSError:
-            continue
-        if not old:
-            kept += 1
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed += 1
-    print(
-        f"removed {removed} spill folder{'s' * (removed != 1)} from {parent}"
-        + (f" ({kept} younger than a day kept)" if kept else "")
-    )
+    for parent in cli_spill_parents():
+        removed = kept = 0
+        with os.scandir(parent) as entries:
+            # Only spill directories of ours: the parent may be a shared directory.
+            folders = [
+                e
+                for e in entries
+                if e.name.startswith("shellseam-")
+                and e.is_dir(follow_symlinks=False)
+                and e.stat(follow_symlinks=False).st_uid == os.geteuid()
+            ]
+        for entry in folders:
+            try:
+                old = args.all or now - _last_touched(entry.path) > CLEAN_AFTER_S
+            except OSError:
+                continue
+            if not old:
+                kept += 1
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        print(
+            f"removed {removed} spill folder{'s' * (removed != 1)} from {parent}"
+            + (f" ({kept} younger than a day kept)" if kept else "")
+        )
     return 0
 
 

@@ -34,6 +34,7 @@ from . import __version__
 from ._mcp_wire import stdio_wire
 from .executor import ShellExecutor
 from .factory import make_executor
+from .paths import spill_parent_outside
 from .service import SubprocessService
 from .tasks import TaskRuntime
 from .tool.bash import BashTool
@@ -121,7 +122,10 @@ def run(
     if not os.path.isdir(workdir):
         return _usage(f"workdir is not a directory: {workdir}")
     home = os.path.abspath(os.path.expanduser(home))
-    service = SubprocessService()
+    # A confined session may write anywhere under workdir (workspace-write, or escalated to
+    # it): spill files live outside it.
+    roots = [workdir] if sandbox in ("read-only", "workspace-write") else []
+    service = SubprocessService(spill_parent=spill_parent_outside(*roots))
     config: dict[str, Any] = {"cwd": workdir}
     if ray_address is None:
         config["service"] = service
