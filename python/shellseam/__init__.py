@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 from .abort import AbortController, AbortSignal
 from .errors import ShellError
 from .executor import ShellExecutor
+from .limits import containment_facts
 from .local import LocalShellExecutor
 from .process import ShellProcess
 from .render import parse_exit_status, render_markers, render_result
@@ -31,12 +32,14 @@ from .tool import (
 from .types import (
     CollectedOutput,
     ProcessStatus,
+    ResourceLimits,
     SandboxEnforcement,
     SandboxMode,
     SandboxPolicy,
     ShellExecRequest,
     ShellExecSpec,
     ShellProcessRead,
+    ShellResources,
     ShellRunResult,
     ShellSandboxInfo,
 )
@@ -59,6 +62,7 @@ __all__ = [
     "ManagedEnvRegistry",
     "ProcessStatus",
     "PromptSection",
+    "ResourceLimits",
     "SandboxEnforcement",
     "SandboxMode",
     "SandboxModeStore",
@@ -70,6 +74,7 @@ __all__ = [
     "ShellExecutor",
     "ShellProcess",
     "ShellProcessRead",
+    "ShellResources",
     "ShellRunResult",
     "ShellSandboxInfo",
     "SubprocessService",
@@ -80,6 +85,7 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "__version__",
+    "containment_facts",
     "default_service",
     "landlock_abi",
     "parse_exit_status",

@@ -27,7 +27,7 @@ from .paths import cli_spill_parent
 from .process import ShellProcess
 from .render import STDERR_SECTION
 from .service import SubprocessService
-from .types import CollectedOutput, ShellExecRequest, ShellExecSpec, ShellRunResult
+from .types import CollectedOutput, ResourceLimits, ShellExecRequest, ShellExecSpec, ShellRunResult
 
 EXIT_USAGE = 2
 EXIT_INFRASTRUCTURE = 125
@@ -66,7 +66,7 @@ def _stdin_bytes() -> bytes | None:
         return None
 
 
-def _limits(args: argparse.Namespace) -> Any:
+def _limits(args: argparse.Namespace) -> ResourceLimits | None:
     """The request's ``ResourceLimits`` from the limit flags, or None when none was given."""
     fields = {
         "memory_bytes": args.memory,
@@ -74,14 +74,7 @@ def _limits(args: argparse.Namespace) -> Any:
         "cpu_ms": args.cpu_ms,
     }
     fields = {k: v for k, v in fields.items() if v is not None}
-    if not fields:
-        return None
-    from . import types
-
-    limits_class = getattr(types, "ResourceLimits", None)
-    if limits_class is None:
-        raise ShellError(INVALID_REQUEST, "resource limits are not supported by this build")
-    return limits_class(**fields)
+    return ResourceLimits(**fields) if fields else None
 
 
 def _request(
@@ -216,9 +209,6 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
         if not waiter.done():
             proc.kill()
             await waiter
-    extra: dict[str, Any] = {}
-    if any(f.name == "resources" for f in dataclasses.fields(ShellRunResult)):
-        extra["resources"] = getattr(proc, "resources", None)
     return ShellRunResult(
         exit_code=proc.exit_code,
         signal=proc.signal,
@@ -229,7 +219,7 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
         stderr=_dropped(spills.get("stderr")),
         duration_ms=(time.monotonic() - started) * 1000,
         sandbox=proc.sandbox,
-        **extra,
+        resources=proc.resources,
     )
 
 

@@ -23,6 +23,7 @@ from typing import NoReturn
 from . import __version__
 from . import service as _service
 from .factory import MissingExtra, require_extra
+from .limits import containment_report
 from .local import LocalShellExecutor
 from .paths import cli_spill_parents
 from .sandbox import enforcement_for, landlock_abi, sandbox_facts
@@ -317,6 +318,7 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
     print(f"spill parent: {default_spill_parent()} (one private 0700 directory per service)")
     for line in sandbox_facts():
         print(line)
+    print("\n".join(containment_report()))
     ex = LocalShellExecutor()
     print(
         "defaults: "

@@ -100,7 +100,15 @@ TINY = Config(
     sandbox_reps=5,
 )
 
-BENCHES = ("sequential", "inflight", "big-output", "big-parent", "concurrent", "sandbox")
+BENCHES = (
+    "sequential",
+    "inflight",
+    "big-output",
+    "big-parent",
+    "concurrent",
+    "sandbox",
+    "containment",
+)
 
 
 @dataclass(frozen=True)

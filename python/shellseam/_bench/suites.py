@@ -417,6 +417,34 @@ def bench_sandbox(h: Harness, cfg: Config) -> list[Row]:
     return rows
 
 
+# -- 7. containment on vs off ---------------------------------------------------------------
+
+
+def bench_containment(h: Harness, cfg: Config) -> list[Row]:
+    name = "7 contained `bash -c true`"
+    session = LocalShellExecutor(service=h.service, containment="session")
+    local_spec, session_spec = h.spec("true"), h.spec("true", session)
+    samples = interleaved(
+        {
+            "cgroup": timed(lambda: checked(h.local.run_sync(local_spec))),
+            "session": timed(lambda: checked(session.run_sync(session_spec))),
+        },
+        cfg.sandbox_reps,
+    )
+    ours, off = median(samples["cgroup"]) * 1e3, median(samples["session"]) * 1e3
+    return [
+        ratio_row(
+            name,
+            "cgroup per call + default limits vs containment=session",
+            ours,
+            off,
+            "ms",
+            1.05,
+            note=f"{(ours - off) * 1e3:+.0f} us",
+        )
+    ]
+
+
 # -- the suite ------------------------------------------------------------------------------
 
 BENCH_FUNCS: dict[str, Callable[[Harness, Config], list[Row]]] = {
@@ -426,6 +454,7 @@ BENCH_FUNCS: dict[str, Callable[[Harness, Config], list[Row]]] = {
     "big-parent": bench_big_parent,
     "concurrent": bench_concurrent,
     "sandbox": bench_sandbox,
+    "containment": bench_containment,
 }
 
 
