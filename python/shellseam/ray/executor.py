@@ -1,0 +1,147 @@
+"""``RayShellExecutor``: the seam on one node of a Ray cluster (SPEC §6).
+
+The executor binds to one node when built (the given ``node_id``, else the least loaded
+alive node) and never moves: a workspace lives on one node. It talks to that node's service
+actor (``node``) through ``RayTransport``, which maps Ray's failures onto the protocol's two:
+``ActorUnavailableError`` ("may or may not have run") is a safe re-ask, because every call
+carries a call id; everything else means the node service is gone. All executors of one
+process share one link (one client, one lease) per node.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+from typing import Any
+
+import ray
+import ray.exceptions
+
+from ..errors import REMOTE_UNAVAILABLE, ShellError
+from ..types import SandboxMode
+from . import node as _node
+from .client import NodeLink, RemoteShellExecutor
+from .protocol import LEASE_S, NodeInfo, NodeLost, RetryDelivery, Transport
+
+#: How long to wait for a node service's facts when choosing the least loaded node.
+_INFO_TIMEOUT_S = 5.0
+
+
+def _mapped(err: BaseException) -> Exception:
+    if isinstance(err, ray.exceptions.ActorUnavailableError):
+        return RetryDelivery(str(err))
+    return NodeLost(f"{type(err).__name__}: {err}")
+
+
+class RayTransport(Transport):
+    """Protocol messages as method calls on one node service actor handle."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def submit(self, method: str, message: object) -> concurrent.futures.Future[Any]:
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            ref = getattr(self.actor, method).remote(message)
+        except Exception as err:
+            out.set_exception(_mapped(err))
+            return out
+
+        def done(fut: concurrent.futures.Future[Any]) -> None:
+            try:
+                out.set_result(fut.result())
+            except BaseException as err:
+                out.set_exception(_mapped(err))
+
+        ref.future().add_done_callback(done)
+        return out
+
+
+def _ensure_ray() -> None:
+    if not ray.is_initialized():
+        ray.init(ignore_reinit_error=True, log_to_driver=False)
+
+
+def alive_nodes() -> list[str]:
+    """The ids of the cluster's alive nodes."""
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+
+def _load(node_id: str) -> int:
+    actor = _node.existing(node_id)
+    if actor is None:
+        return 0
+    try:
+        info: NodeInfo = ray.get(actor.info.remote(), timeout=_INFO_TIMEOUT_S)
+    except Exception:
+        return 1 << 30  # a service that does not answer is the most loaded of all
+    return info.running + info.queued
+
+
+def least_loaded_node() -> str:
+    nodes = alive_nodes()
+    if not nodes:
+        raise ShellError(REMOTE_UNAVAILABLE, "the Ray cluster has no alive node")
+    random.shuffle(nodes)  # ties go to a random node, so executors spread out
+    return min(nodes, key=_load)
+
+
+_links: dict[str, NodeLink] = {}
+_links_lock = threading.Lock()
+
+
+def _connect(node_id: str, max_running: int | None, lease_s: float) -> Transport:
+    if node_id not in alive_nodes():
+        raise NodeLost(f"node {node_id} is not alive")
+    return RayTransport(_node.get_or_create(node_id, max_running=max_running, lease_s=lease_s))
+
+
+def link_for(node_id: str, *, max_running: int | None = None, lease_s: float = LEASE_S) -> NodeLink:
+    """This process's link (client, lease) to ``node_id``'s service."""
+    with _links_lock:
+        link = _links.get(node_id)
+        if link is None or link.closed:
+            link = _links[node_id] = NodeLink(
+                node_id, lambda: _connect(node_id, max_running, lease_s)
+            )
+        return link
+
+
+class RayShellExecutor(RemoteShellExecutor):
+    """A ``ShellExecutor`` whose commands run on one node of a Ray cluster.
+
+    ``node_id``: the node to bind to (default: the least loaded alive node); ``mode``:
+    ``None`` runs unconfined, else Landlock with that mode on the node; ``cwd`` and every
+    other keyword are ``LocalShellExecutor`` config, validated here and applied on the node.
+    ``max_running`` sizes the node service if this executor is the one that creates it
+    (default: 4 × the node's CPU count).
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str | None = None,
+        mode: SandboxMode | None = None,
+        cwd: str,
+        max_running: int | None = None,
+        **config: Any,
+    ) -> None:
+        if node_id is not None and (not isinstance(node_id, str) or not node_id):
+            raise TypeError(f"node_id must be a non-empty str, got {node_id!r}")
+        if max_running is not None and (
+            isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1
+        ):
+            raise ValueError(f"max_running must be a positive integer, got {max_running!r}")
+        _ensure_ray()
+        if node_id is None:
+            node_id = least_loaded_node()
+        elif node_id not in alive_nodes():
+            raise ValueError(f"node_id: no alive Ray node has the id {node_id!r}")
+        super().__init__(link_for(node_id, max_running=max_running), mode=mode, cwd=cwd, **config)
+
+    def node_info(self) -> NodeInfo:
+        """The node service's facts (pid, running, queued, spill directory)."""
+        actor = _node.get_or_create(self.node_id)
+        info: NodeInfo = ray.get(actor.info.remote(), timeout=_INFO_TIMEOUT_S)
+        return info
