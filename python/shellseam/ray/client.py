@@ -336,9 +336,9 @@ class RemoteShellProcess(ShellProcess):
                 _log.exception("exception in a ShellProcess done callback")
 
     def _settle_lost(self) -> None:
+        # Whatever the node still held for this handle is gone with it: the next read
+        # says so once, even for a handle that had settled normally before.
         with self._lock:
-            if self._settled.is_set():
-                return
             self._lost = True
         self._link.forget_transport(self._transport)
         self._settle(HandleState(status="killed", exit_code=None, signal=None, sandbox=None))

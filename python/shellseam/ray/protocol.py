@@ -256,6 +256,16 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
+        """Cancels what is still pending, then stops and closes the loop."""
+
+        async def cancel_all() -> None:
+            current = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.submit(cancel_all()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
@@ -273,7 +283,12 @@ class InProcessTransport(Transport):
         if self.lost:
             return failed(NodeLost("node service is gone"))
         handler: Callable[[object], Coroutine[Any, Any, Any]] = getattr(self.node, method)
-        return self.loop_thread.submit(handler(message))
+        coro = handler(message)
+        try:
+            return self.loop_thread.submit(coro)
+        except RuntimeError:  # the loop is closed: the node is gone
+            coro.close()
+            return failed(NodeLost("node loop is closed"))
 
 
 def failed(exc: BaseException) -> concurrent.futures.Future[Any]:
