@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("ray")
 
-from shellseam import (  # noqa: E402
+from ray_helpers import eventually, marker_pids, new_marker
+from shellseam import (
     AbortController,
     BashTool,
     LocalShellExecutor,
@@ -37,9 +37,9 @@ from shellseam import (  # noqa: E402
     render_result,
     task_tools,
 )
-from shellseam.ray.client import NodeLink, RemoteShellExecutor, RemoteShellProcess  # noqa: E402
-from shellseam.ray.nodestate import NodeState  # noqa: E402
-from shellseam.ray.protocol import (  # noqa: E402
+from shellseam.ray.client import NodeLink, RemoteShellExecutor, RemoteShellProcess
+from shellseam.ray.nodestate import NodeState
+from shellseam.ray.protocol import (
     InProcessTransport,
     LoopThread,
     NodeLost,
@@ -48,33 +48,6 @@ from shellseam.ray.protocol import (  # noqa: E402
 )
 
 LEASE_S = 0.6
-
-
-def marker_pids(marker: str) -> list[int]:
-    """Live processes whose command line carries ``marker``."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if marker.encode() in cmdline and stat[stat.rfind(")") + 2] not in "ZX":
-            pids.append(int(name))
-    return pids
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    until = time.monotonic() + timeout_s
-    while time.monotonic() < until:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 class FaultyTransport(InProcessTransport):
@@ -145,9 +118,11 @@ class FaultyTransport(InProcessTransport):
             def later() -> None:
                 real = self.deliver(method, message)
                 real.add_done_callback(
-                    lambda f: out.set_exception(f.exception())  # type: ignore[arg-type]
-                    if f.exception()
-                    else out.set_result(f.result())
+                    lambda f: (
+                        out.set_exception(f.exception())  # type: ignore[arg-type]
+                        if f.exception()
+                        else out.set_result(f.result())
+                    )
                 )
 
             threading.Timer(seconds, later).start()
@@ -223,10 +198,6 @@ async def _dispose(node: NodeState) -> None:
 
 def spec_of(ex: RemoteShellExecutor | LocalShellExecutor, command: str, **fields: Any) -> Any:
     return ex.resolve(ShellExecRequest(command=command, **fields))
-
-
-def new_marker() -> str:
-    return f"shellseam-marker-{secrets.token_hex(6)}"
 
 
 # -- results are the local ones ------------------------------------------------------------
@@ -325,9 +296,7 @@ def test_abort_forwards_and_kills(world: World) -> None:
     marker = new_marker()
     ctl = AbortController()
     threading.Timer(0.3, ctl.abort).start()
-    result = world.ex.run_sync(
-        spec_of(world.ex, f"exec -a {marker} sleep 30", signal=ctl.signal)
-    )
+    result = world.ex.run_sync(spec_of(world.ex, f"exec -a {marker} sleep 30", signal=ctl.signal))
     assert result.aborted and not result.timed_out
     assert result.signal == "SIGTERM"
     assert marker_pids(marker) == []

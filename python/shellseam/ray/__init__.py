@@ -10,9 +10,7 @@ from __future__ import annotations
 try:
     import ray as _ray  # noqa: F401
 except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "shellseam.ray needs Ray: pip install 'shellseam[ray]'"
-    ) from err
+    raise ImportError("shellseam.ray needs Ray: pip install 'shellseam[ray]'") from err
 
 from .client import RemoteShellExecutor, RemoteShellProcess
 from .executor import RayShellExecutor

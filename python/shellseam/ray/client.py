@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import math
@@ -433,8 +434,12 @@ class RemoteShellProcess(ShellProcess):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
+        def resolve() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
         def wake(_p: ShellProcess) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+            loop.call_soon_threadsafe(resolve)
 
         self.add_done_callback(wake)
         await fut
@@ -492,9 +497,7 @@ class RemoteShellExecutor(ShellExecutor):
         self.sandbox_mode = mode
         self.cwd = self._twin.cwd
         items = {**config, "cwd": self.cwd}
-        self._config = ExecConfig(
-            mode, tuple(sorted((k, _hashable(v)) for k, v in items.items()))
-        )
+        self._config = ExecConfig(mode, tuple(sorted((k, _hashable(v)) for k, v in items.items())))
         self._grace_s = self._twin.grace_ms / 1000
 
     @property
@@ -585,12 +588,10 @@ class RemoteShellExecutor(ShellExecutor):
 
     def _cancel_sync(self, transport: Transport, call: RunCall, budget: float) -> None:
         until = time.monotonic() + budget
-        try:
+        with contextlib.suppress(NodeLost, TimeoutError):
             self._link.call_sync(
                 transport, "cancel", CallRef(call.client_id, call.call_id), lambda: until
             )
-        except (NodeLost, TimeoutError):
-            pass
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         if spec.signal is not None and spec.signal.aborted:
@@ -653,6 +654,10 @@ class RemoteShellExecutor(ShellExecutor):
 
     # -- spill files -------------------------------------------------------------------
 
+    def _watchdog(self) -> Callable[[], float]:
+        until = time.monotonic() + self._link.slack_s
+        return lambda: until
+
     def read_spill(self, path: str, offset: int = 0, size: int | None = None) -> bytes:
         """Reads one of the node service's own spill files, in chunks; anything else (a
         path outside its spill directory, a symlink) is ``INVALID_REQUEST``."""
@@ -670,10 +675,9 @@ class RemoteShellExecutor(ShellExecutor):
         got = 0
         while got < wanted:
             chunk = int(min(SPILL_CHUNK_BYTES, wanted - got))
-            until = time.monotonic() + self._link.slack_s
             try:
                 reply: SpillReply = self._link.call_sync(
-                    transport, "read_spill", SpillRead(path, position, chunk), lambda: until
+                    transport, "read_spill", SpillRead(path, position, chunk), self._watchdog()
                 )
             except (NodeLost, TimeoutError) as err:
                 raise self._lost(transport, err) from None
@@ -688,4 +692,3 @@ class RemoteShellExecutor(ShellExecutor):
             got += len(reply.data)
             position += len(reply.data)
         return b"".join(parts)
-

@@ -65,7 +65,8 @@ def _ensure_ray() -> None:
 
 def alive_nodes() -> list[str]:
     """The ids of the cluster's alive nodes."""
-    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return [n["NodeID"] for n in nodes if n.get("Alive")]
 
 
 def _load(node_id: str) -> int:
@@ -115,7 +116,7 @@ class RayShellExecutor(RemoteShellExecutor):
     ``None`` runs unconfined, else Landlock with that mode on the node; ``cwd`` and every
     other keyword are ``LocalShellExecutor`` config, validated here and applied on the node.
     ``max_running`` sizes the node service if this executor is the one that creates it
-    (default: 4 × the node's CPU count).
+    (default: 4 x the node's CPU count).
     """
 
     def __init__(

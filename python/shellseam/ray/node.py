@@ -13,6 +13,7 @@ keeper), so no command outlives the node service that owns it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -85,6 +86,10 @@ class NodeService:
     async def info(self, msg: object = None) -> NodeInfo:
         return await self._state.info(msg)
 
+    async def where(self, msg: object = None) -> tuple[str, int]:
+        """The Ray node this service really runs on, and its process id."""
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
     async def ping(self, msg: object = None) -> None:
         """An empty round trip (the benchmark's yardstick)."""
         return None
@@ -93,9 +98,7 @@ class NodeService:
 _remote_class: Any = None
 
 
-def get_or_create(
-    node_id: str, *, max_running: int | None = None, lease_s: float = LEASE_S
-) -> Any:
+def get_or_create(node_id: str, *, max_running: int | None = None, lease_s: float = LEASE_S) -> Any:
     """The node's service actor handle, creating it on that node if nobody has yet."""
     global _remote_class
     if _remote_class is None:

@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..abort import AbortController
 from ..errors import ShellError
@@ -28,7 +28,7 @@ from ..local import LocalShellExecutor
 from ..process import ShellProcess
 from ..sandbox import SandboxShellExecutor
 from ..service import SubprocessService
-from ..types import ShellExecRequest, ShellExecSpec, ShellProcessRead, ShellRunResult
+from ..types import SandboxMode, ShellExecRequest, ShellExecSpec, ShellProcessRead, ShellRunResult
 from .protocol import (
     LEASE_S,
     SPILL_CHUNK_BYTES,
@@ -316,9 +316,7 @@ class NodeState:
         """Waits for a slot; False when the record was aborted or killed while queued."""
         if record.stopped:
             return False
-        record.admit_task = asyncio.get_running_loop().create_task(
-            self._admission.acquire(client)
-        )
+        record.admit_task = asyncio.get_running_loop().create_task(self._admission.acquire(client))
         try:
             await record.admit_task
         except asyncio.CancelledError:
@@ -536,7 +534,8 @@ class NodeState:
             if config.mode is None:
                 executor = LocalShellExecutor(service=self.service, **kwargs)
             else:
-                executor = SandboxShellExecutor(mode=config.mode, service=self.service, **kwargs)
+                executor = SandboxShellExecutor(
+                    mode=cast(SandboxMode, config.mode), service=self.service, **kwargs
+                )
             self._executors[config] = executor
         return executor
-

@@ -35,7 +35,7 @@ from ..types import ProcessStatus, ShellExecSpec, ShellProcessRead, ShellRunResu
 LEASE_S: Final = 8.0
 #: How often a client renews its lease.
 HEARTBEAT_S: Final = 2.0
-#: Extra slack of the client's watchdog beyond ``timeout + 2 × grace``.
+#: Extra slack of the client's watchdog beyond ``timeout + 2 x grace``.
 WATCHDOG_SLACK_S: Final = 10.0
 #: Largest piece of a spill file one reply carries.
 SPILL_CHUNK_BYTES: Final = 4 * 2**20
