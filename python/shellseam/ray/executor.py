@@ -11,8 +11,10 @@ process share one link (one client, one lease) per node.
 from __future__ import annotations
 
 import concurrent.futures
+import pickle
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -34,28 +36,73 @@ def _mapped(err: BaseException) -> Exception:
     return NodeLost(f"{type(err).__name__}: {err}")
 
 
+class _RayReply(concurrent.futures.Future[Any]):
+    """The future of one actor call. A blocking ``result()`` goes straight to ``ray.get``
+    (the fast path of ``run_sync``); callbacks hook Ray's own future only when asked for."""
+
+    def __init__(self, ref: Any) -> None:
+        super().__init__()
+        self._ref = ref
+        self._hooked = False
+        self._hook_lock = threading.Lock()
+
+    def _settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        try:
+            if error is not None:
+                self.set_exception(_mapped(error))
+            else:
+                self.set_result(pickle.loads(value))
+        except concurrent.futures.InvalidStateError:
+            pass  # settled by the other path first
+
+    def _on_ray_done(self, fut: concurrent.futures.Future[Any]) -> None:
+        error = fut.exception()
+        self._settle(None if error is not None else fut.result(), error)
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
+        with self._hook_lock:
+            hook, self._hooked = not self._hooked, True
+        if hook:
+            self._ref.future().add_done_callback(self._on_ray_done)
+        super().add_done_callback(fn)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done() and not self._hooked:
+            try:
+                value = ray.get(self._ref, timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise concurrent.futures.TimeoutError() from None
+            except Exception as err:
+                self._settle(error=err)
+            else:
+                self._settle(value)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise
+        except BaseException:
+            pass
+        return super().exception(0)
+
+
 class RayTransport(Transport):
-    """Protocol messages as method calls on one node service actor handle."""
+    """Protocol messages, pickled, through one node service actor handle's ``call``."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
     def submit(self, method: str, message: object) -> concurrent.futures.Future[Any]:
-        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        payload = pickle.dumps((method, message), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            ref = getattr(self.actor, method).remote(message)
+            ref = self.actor.call.remote(payload)
         except Exception as err:
+            out: concurrent.futures.Future[Any] = concurrent.futures.Future()
             out.set_exception(_mapped(err))
             return out
-
-        def done(fut: concurrent.futures.Future[Any]) -> None:
-            try:
-                out.set_result(fut.result())
-            except BaseException as err:
-                out.set_exception(_mapped(err))
-
-        ref.future().add_done_callback(done)
-        return out
+        return _RayReply(ref)
 
 
 def _ensure_ray() -> None:
