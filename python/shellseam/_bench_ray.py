@@ -52,8 +52,8 @@ def _cluster(address: str | None) -> Iterator[list[str]]:
         ray.init(address=cluster.address, log_to_driver=False)
         yield [w.node_id for w in workers]
     finally:
-        ray.shutdown()  # type: ignore[no-untyped-call]
-        cluster.shutdown()
+        ray.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
 def run(

@@ -138,12 +138,10 @@ class NodeLink:
 
     def heartbeat(self) -> None:
         """Renews the lease (and delivers acks) without waiting for the reply."""
-        if self.closed:
-            return
-        try:
-            transport = self.transport()
-        except Exception:  # the node may be gone; the next call reports it
-            return
+        with self._lock:
+            transport = self._transport
+        if self.closed or transport is None:
+            return  # nothing to renew: no call went out since the last loss
         acks = self.take_acks()
         fut = transport.submit("heartbeat", Heartbeat(self.client_id, acks))
 

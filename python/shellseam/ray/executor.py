@@ -96,10 +96,13 @@ class RayTransport(Transport):
 
     def submit(self, method: str, message: object) -> concurrent.futures.Future[Any]:
         payload = pickle.dumps((method, message), protocol=pickle.HIGHEST_PROTOCOL)
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if not ray.is_initialized():  # never let a late call (a heartbeat) start Ray anew
+            out.set_exception(NodeLost("Ray is not initialized in this process"))
+            return out
         try:
             ref = self.actor.call.remote(payload)
         except Exception as err:
-            out: concurrent.futures.Future[Any] = concurrent.futures.Future()
             out.set_exception(_mapped(err))
             return out
         return _RayReply(ref)
@@ -140,6 +143,8 @@ _links_lock = threading.Lock()
 
 
 def _connect(node_id: str, max_running: int | None, lease_s: float) -> Transport:
+    if not ray.is_initialized():
+        raise NodeLost("Ray is not initialized in this process")
     if node_id not in alive_nodes():
         raise NodeLost(f"node {node_id} is not alive")
     return RayTransport(_node.get_or_create(node_id, max_running=max_running, lease_s=lease_s))
