@@ -236,8 +236,10 @@ def test_background_start_reads_and_kill(ex: RayShellExecutor) -> None:
     seen: list[str] = []
     # Both streams were written before the exec; each read is consuming.
     assert eventually(
-        lambda: bool(seen.append(proc.read_output().delta))
-        or "".join(seen).replace("\n[stderr]\n", "|") == "first\n|warn\n"
+        lambda: (
+            bool(seen.append(proc.read_output().delta))
+            or "".join(seen).replace("\n[stderr]\n", "|") == "first\n|warn\n"
+        )
     ), seen
     assert proc.read_output().delta == ""
     assert proc.kill() is True
@@ -396,3 +398,11 @@ def test_killed_harness_loses_its_commands_within_the_lease(
             harness.wait()
         for pid in marker_pids(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_bench_rows_smoke(cluster: LocalCluster) -> None:
+    from shellseam import _bench_ray
+
+    rows = _bench_ray.run(True, tiny=True)
+    assert [r.verdict in ("PASS", "MISS") for r in rows] == [True, True, False]
+    assert rows[2].unit == "MiB/s" and (rows[2].value or 0) > 0
