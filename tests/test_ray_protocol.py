@@ -526,6 +526,44 @@ def test_expired_lease_during_a_run_is_remote_unavailable(world: World) -> None:
     link.close()
 
 
+def test_a_late_retry_after_lease_expiry_never_runs_and_the_link_recovers(world: World) -> None:
+    link = world.new_link()
+    link.close()
+    ex = world.executor(link)
+    old_id = link.client_id
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(spec_of(ex, "sleep 5"))
+    assert "expired" in err.value.reason
+    assert link.client_id != old_id
+    # The expired client's id is refused for new work, so a duplicate that arrives late
+    # cannot run a second time.
+    from shellseam.ray.protocol import RunCall, wire_spec
+
+    late = RunCall(old_id, "late-1", wire_spec(spec_of(ex, "touch late")), ex._config)
+    reply = world.transport.submit("run", late).result(5)
+    assert reply.fault is not None and reply.fault.code == "LEASE_EXPIRED"
+    assert not os.path.exists(os.path.join(world.cwd, "late"))
+    assert ex.run_sync(spec_of(ex, "echo back")).stdout.text == "back\n"
+
+
+def test_dropped_settled_handles_are_forgotten_by_the_node(world: World) -> None:
+    import gc
+
+    proc = world.ex.start(spec_of(world.ex, "true"))
+    assert proc.wait_sync(5)
+    running = world.ex.start(spec_of(world.ex, "sleep 30"))
+
+    def handles() -> int:
+        return sum(len(c.handles) for c in world.node._clients.values())
+
+    assert world.on_loop(handles) == 2
+    del proc
+    gc.collect()
+    assert eventually(lambda: world.on_loop(handles) == 1)
+    assert running.status == "running"  # a held handle is kept, its command untouched
+    running.kill()
+
+
 # -- admission -----------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn
 
 from ..errors import REMOTE_UNAVAILABLE, ShellError
 from ..executor import ShellExecutor
@@ -67,7 +67,6 @@ from .protocol import (
 )
 
 _log = logging.getLogger("shellseam.ray")
-_R = TypeVar("_R")
 
 
 def lost_message(node_id: str) -> str:
@@ -98,6 +97,7 @@ class NodeLink:
         self._transport: Transport | None = None
         self._ids = itertools.count(1)
         self._acks: list[str] = []
+        self._releases: list[str] = []
         self._queued_seen: dict[str, float] = {}
         self.incarnation: str | None = None
         self.closed = False
@@ -133,6 +133,19 @@ class NodeLink:
             self._acks.append(call_id)
             self._queued_seen.pop(call_id, None)
 
+    def release(self, handle_id: str) -> None:
+        """A background handle was dropped: the next heartbeat lets the node forget it
+        (and kill it if it still runs). Called from a finalizer: no I/O here."""
+        self._releases.append(handle_id)
+
+    def renew_identity(self) -> None:
+        """After the node declared this client's lease expired: a new client id (a new
+        lease); handles of the old one are gone with it."""
+        with self._lock:
+            self.client_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+            self._acks.clear()
+            self._queued_seen.clear()
+
     def seen(self, reply_incarnation: str) -> None:
         self.incarnation = reply_incarnation
 
@@ -143,12 +156,15 @@ class NodeLink:
         if self.closed or transport is None:
             return  # nothing to renew: no call went out since the last loss
         acks = self.take_acks()
-        fut = transport.submit("heartbeat", Heartbeat(self.client_id, acks))
+        with self._lock:
+            releases, self._releases = tuple(self._releases), []
+        fut = transport.submit("heartbeat", Heartbeat(self.client_id, acks, releases))
 
         def done(f: concurrent.futures.Future[Any]) -> None:
             if f.exception() is not None:
                 with self._lock:
                     self._acks.extend(acks)
+                    self._releases.extend(releases)
                 return
             reply: HeartbeatReply = f.result()
             now = time.monotonic()
@@ -282,6 +298,7 @@ class RemoteShellProcess(ShellProcess):
     ) -> None:
         # The local ShellProcess state is not used: everything lives on the node.
         self._link = link
+        self._client_id = link.client_id  # the lease this handle was started under
         self._transport = transport
         self._incarnation = incarnation
         self._handle_id = handle_id
@@ -293,6 +310,7 @@ class RemoteShellProcess(ShellProcess):
         self._lost_delivered = False
         self._cursor = 0
         self._callbacks: list[Callable[[ShellProcess], None]] = []
+        weakref.finalize(self, link.release, handle_id)
         self._watch()
 
     @property
@@ -300,7 +318,7 @@ class RemoteShellProcess(ShellProcess):
         return self._link.node_id
 
     def _ref(self, request_id: str = "") -> HandleRef:
-        return HandleRef(self._link.client_id, self._incarnation, self._handle_id, request_id)
+        return HandleRef(self._client_id, self._incarnation, self._handle_id, request_id)
 
     def _watch(self) -> None:
         fut = self._transport.submit("wait", self._ref())
@@ -384,7 +402,7 @@ class RemoteShellProcess(ShellProcess):
                 delta = lost_message(self._link.node_id) if first else ""
                 return ShellProcessRead(delta=delta, lossy=False)
             cursor = self._cursor
-            message = ReadCall(self._link.client_id, self._incarnation, self._handle_id, cursor)
+            message = ReadCall(self._client_id, self._incarnation, self._handle_id, cursor)
             try:
                 reply: ReadReply = self._link.call_sync(
                     self._transport, "read", message, self._deadline()
@@ -545,12 +563,18 @@ class RemoteShellExecutor(ShellExecutor):
         self._link.ack(call.call_id)
         self._link.seen(reply.incarnation)
         if reply.fault is not None:
-            code = reply.fault.code
-            if code in ("SPAWN_FAILED", "SANDBOX_UNAVAILABLE", "INVALID_REQUEST", "DISPOSED"):
-                raise ShellError(code, reply.fault.reason)
-            raise _unavailable(f"{lost_message(self.node_id)} ({code.lower()})")
+            self._raise_fault(reply.fault)
         assert reply.result is not None
         return reply.result
+
+    def _raise_fault(self, fault: Fault) -> NoReturn:
+        code = fault.code
+        if code in ("SPAWN_FAILED", "SANDBOX_UNAVAILABLE", "INVALID_REQUEST", "DISPOSED"):
+            raise ShellError(code, fault.reason)
+        if code == "LEASE_EXPIRED":
+            self._link.renew_identity()
+            raise _unavailable(f"lease on node {self.node_id} expired; the call was killed")
+        raise _unavailable(f"{lost_message(self.node_id)} ({code.lower()})")
 
     def _lost(self, transport: Transport, err: BaseException) -> ShellError:
         if isinstance(err, NodeLost):
@@ -644,10 +668,7 @@ class RemoteShellExecutor(ShellExecutor):
             raise self._lost(transport, err) from None
         self._link.seen(reply.incarnation)
         if reply.fault is not None:
-            code = reply.fault.code
-            if code in ("INVALID_REQUEST", "DISPOSED", "SPAWN_FAILED", "SANDBOX_UNAVAILABLE"):
-                raise ShellError(code, reply.fault.reason)
-            raise _unavailable(lost_message(self.node_id))
+            self._raise_fault(reply.fault)
         return RemoteShellProcess(self._link, transport, reply.incarnation, reply.handle_id)
 
     # -- spill files -------------------------------------------------------------------

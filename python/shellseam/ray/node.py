@@ -102,9 +102,6 @@ class NodeService:
     async def wait(self, msg: HandleRef) -> WaitReply:
         return await self._state.wait(msg)
 
-    async def release(self, msg: HandleRef) -> None:
-        await self._state.release(msg)
-
     async def heartbeat(self, msg: Heartbeat) -> HeartbeatReply:
         return await self._state.heartbeat(msg)
 

@@ -110,6 +110,7 @@ class _Handle:
     proc: ShellProcess | None = None
     killed_while_queued: bool = False
     admit_task: asyncio.Task[None] | None = None
+    released: bool = False  # the client dropped its handle: forget it once settled
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     state: HandleState | None = None  # stamped once settled
     pending: tuple[int, ReadReply] | None = None  # the last read, until confirmed
@@ -234,6 +235,7 @@ class NodeState:
         self._executors: dict[ExecConfig, LocalShellExecutor] = {}
         self._admission = Admission(max_running)
         self._reaper: asyncio.Task[None] | None = None
+        self._expired = _Bounded()  # clients whose lease ran out: their work is refused
 
     # -- clients and leases ------------------------------------------------------------
 
@@ -267,6 +269,7 @@ class NodeState:
 
     def _expire(self, client: _Client) -> None:
         del self._clients[client.client_id]
+        self._expired.add(client.client_id)
         for call in client.calls.values():
             call.lease_expired = True
             call.stop("lease expired")
@@ -276,6 +279,8 @@ class NodeState:
     # -- foreground ------------------------------------------------------------------
 
     async def run(self, msg: RunCall) -> RunReply:
+        if msg.client_id in self._expired:  # a late retry must never run a call again
+            return RunReply(self.incarnation, None, Fault("LEASE_EXPIRED", self.node_id))
         client = self._client(msg.client_id)
         self._ack(client, msg.acks)
         call = client.calls.get(msg.call_id)
@@ -351,6 +356,8 @@ class NodeState:
     # -- background --------------------------------------------------------------------
 
     async def start(self, msg: RunCall) -> StartReply:
+        if msg.client_id in self._expired:
+            return StartReply(self.incarnation, msg.call_id, Fault("LEASE_EXPIRED", self.node_id))
         client = self._client(msg.client_id)
         self._ack(client, msg.acks)
         if msg.call_id in client.handles or msg.call_id in client.finished:
@@ -387,6 +394,8 @@ class NodeState:
             if admitted:
                 self._admission.release()
             handle.settled.set()
+            if handle.released:
+                client.handles.pop(handle.handle_id, None)
 
     def _lookup(self, client_id: str, incarnation: str, handle_id: str) -> _Handle | Fault:
         if incarnation != self.incarnation:
@@ -453,18 +462,19 @@ class NodeState:
         await handle.settled.wait()
         return WaitReply(self.incarnation, self._current_state(handle))
 
-    async def release(self, msg: HandleRef) -> None:
-        """Forgets a settled handle the client no longer holds; kills a running one."""
-        client = self._clients.get(msg.client_id)
-        handle = None if client is None else client.handles.pop(msg.handle_id, None)
-        if handle is not None:
-            self._kill_handle(handle)
-
     # -- leases, spill files, facts ----------------------------------------------------
 
     async def heartbeat(self, msg: Heartbeat) -> HeartbeatReply:
         client = self._client(msg.client_id)
         self._ack(client, msg.acks)
+        for handle_id in msg.releases:
+            # A dropped handle's command keeps running, as locally; its record goes once
+            # it has settled.
+            handle = client.handles.get(handle_id)
+            if handle is not None:
+                handle.released = True
+                if handle.settled.is_set():
+                    del client.handles[handle_id]
         queued = tuple(call.call_id for call in client.calls.values() if call.queued)
         return HeartbeatReply(self.incarnation, queued)
 

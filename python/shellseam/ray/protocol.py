@@ -191,6 +191,7 @@ class WaitReply:
 class Heartbeat:
     client_id: str
     acks: tuple[str, ...] = ()
+    releases: tuple[str, ...] = ()  # background handles the client dropped
 
 
 @dataclass(frozen=True)
