@@ -161,10 +161,13 @@ class NodeLink:
         fut = transport.submit("heartbeat", Heartbeat(self.client_id, acks, releases))
 
         def done(f: concurrent.futures.Future[Any]) -> None:
-            if f.exception() is not None:
+            error = f.exception()
+            if error is not None:
                 with self._lock:
                     self._acks.extend(acks)
                     self._releases.extend(releases)
+                if isinstance(error, NodeLost):  # stop renewing a dead incarnation
+                    self.forget_transport(transport)
                 return
             reply: HeartbeatReply = f.result()
             now = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import inspect
 import os
 import secrets
@@ -87,7 +88,7 @@ class _Call:
 
     call_id: str
     controller: AbortController = field(default_factory=AbortController)
-    task: asyncio.Task[RunReply] | None = None
+    reply: asyncio.Future[RunReply] | None = None
     admit_task: asyncio.Task[None] | None = None
     queued: bool = True
     lease_expired: bool = False
@@ -144,9 +145,15 @@ class Admission:
     def queued(self) -> int:
         return sum(len(c.waiting) for c in self._rotation)
 
-    async def acquire(self, client: _Client) -> None:
+    def try_acquire(self) -> bool:
+        """Takes a slot at once if one is free and nobody is waiting."""
         if self.running < self.limit and not self._rotation:
             self.running += 1
+            return True
+        return False
+
+    async def acquire(self, client: _Client) -> None:
+        if self.try_acquire():
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         client.waiting.append(fut)
@@ -251,7 +258,7 @@ class NodeState:
     def _ack(self, client: _Client, acks: tuple[str, ...]) -> None:
         for call_id in acks:
             call = client.calls.get(call_id)
-            if call is not None and call.task is not None and call.task.done():
+            if call is not None and call.reply is not None and call.reply.done():
                 del client.calls[call_id]
 
     async def _reap_leases(self) -> None:
@@ -291,14 +298,23 @@ class NodeState:
             client.finished.add(msg.call_id)
             if msg.call_id in client.early_aborts:
                 call.controller.abort("aborted before start")
-            call.task = asyncio.get_running_loop().create_task(self._run(client, call, msg))
-        assert call.task is not None
-        return await asyncio.shield(call.task)
+            # The first delivery runs the call inline (no task: this is the hot path);
+            # duplicates and re-asks wait for its reply.
+            call.reply = asyncio.get_running_loop().create_future()
+            try:
+                reply = await self._run(client, call, msg)
+            except BaseException:
+                call.reply.cancel()
+                raise
+            call.reply.set_result(reply)
+            return reply
+        assert call.reply is not None
+        return await asyncio.shield(call.reply)
 
     async def _run(self, client: _Client, call: _Call, msg: RunCall) -> RunReply:
         try:
             executor = self._executor(msg.config)
-            spec = executor.resolve(_request_from(msg.spec, call.controller))
+            spec = self._node_spec(executor, msg, call.controller)
         except ShellError as err:
             return RunReply(self.incarnation, None, _fault(err))
         except (TypeError, ValueError) as err:
@@ -317,10 +333,22 @@ class NodeState:
             return RunReply(self.incarnation, None, Fault("LEASE_EXPIRED", self.node_id))
         return RunReply(self.incarnation, result)
 
+    def _node_spec(
+        self, executor: LocalShellExecutor, msg: RunCall, controller: AbortController
+    ) -> ShellExecSpec:
+        """The spec the node runs. A sandboxing executor resolves it afresh, so that its
+        node-side facts (``$TMPDIR``, pinned roots) are the node's; an unconfined one has
+        nothing node-specific to add to what the client's twin resolved."""
+        if isinstance(executor, SandboxShellExecutor):
+            return executor.resolve(_request_from(msg.spec, controller))
+        return dataclasses.replace(msg.spec, signal=controller.signal)
+
     async def _admit(self, client: _Client, record: _Call | _Handle) -> bool:
         """Waits for a slot; False when the record was aborted or killed while queued."""
         if record.stopped:
             return False
+        if self._admission.try_acquire():
+            return True
         record.admit_task = asyncio.get_running_loop().create_task(self._admission.acquire(client))
         try:
             await record.admit_task
@@ -349,8 +377,8 @@ class NodeState:
                 client.early_aborts.add(msg.call_id)
             return
         call.stop("cancelled by the caller")
-        if call.task is not None:
-            await asyncio.wait([call.task])
+        if call.reply is not None:
+            await asyncio.wait([call.reply])
         client.calls.pop(msg.call_id, None)
 
     # -- background --------------------------------------------------------------------
