@@ -204,6 +204,9 @@ def test_node_environment_has_no_ray_names(ex: RayShellExecutor) -> None:
     assert result.stdout.text == "1\n"  # only the one the spec passed
     result = ex.run_sync(spec(ex, "echo $TERM $NO_COLOR"))
     assert result.stdout.text == "dumb 1\n"
+    # What Ray adds to its worker processes is not the node's environment either.
+    result = ex.run_sync(spec(ex, "env | grep -E '^(SPT_NOENV|PYTHONBREAKPOINT)=' || true"))
+    assert result.stdout.text == ""
 
 
 def test_abort_timeout_and_cancel(ex: RayShellExecutor) -> None:

@@ -70,7 +70,12 @@ class NodeService:
     """The actor body: every method is one protocol message (see ``protocol``)."""
 
     def __init__(self, node_id: str, max_running: int | None, lease_s: float) -> None:
-        self._state = NodeState(node_id=node_id, max_running=max_running, lease_s=lease_s)
+        self._state = NodeState(
+            node_id=node_id,
+            max_running=max_running,
+            lease_s=lease_s,
+            strip_env=worker_additions(),
+        )
 
     async def call(self, payload: bytes) -> bytes:
         """One pickled ``(method, message)`` in, the pickled reply out: Ray carries bytes
@@ -118,6 +123,20 @@ class NodeService:
     async def ping(self, msg: object = None) -> None:
         """An empty round trip (the benchmark's yardstick)."""
         return None
+
+
+def worker_additions() -> tuple[str, ...]:
+    """Names Ray put into this worker's environment that the node's own environment (its
+    raylet's, the worker's parent) does not have — ``PYTHONBREAKPOINT`` pointing at Ray's
+    debugger, ``OMP_NUM_THREADS`` pinned to the actor's CPU share, ``SPT_NOENV``: commands
+    get the node's environment, not the Ray worker's."""
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+            parent = {entry.split(b"=", 1)[0] for entry in f.read().split(b"\0") if entry}
+    except OSError:
+        return ()
+    ours = {name for name in os.environb if name not in parent}
+    return tuple(sorted(os.fsdecode(name) for name in ours if not name.startswith(b"RAY_")))
 
 
 _remote_class: Any = None

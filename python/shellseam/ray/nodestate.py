@@ -228,12 +228,14 @@ class NodeState:
         lease_s: float = LEASE_S,
         service: SubprocessService | None = None,
         clock: Callable[[], float] = time.monotonic,
+        strip_env: tuple[str, ...] = (),
     ) -> None:
         if max_running is None:
             max_running = 4 * (os.cpu_count() or 1)
         if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
             raise ValueError(f"max_running must be a positive integer, got {max_running!r}")
         self.node_id = node_id
+        self.strip_env = strip_env  # exact names the node's host process added to its env
         self.incarnation = secrets.token_hex(8)
         self.lease_s = lease_s
         self.service = service if service is not None else SubprocessService()
@@ -568,7 +570,7 @@ class NodeState:
             kwargs: dict[str, Any] = config.kwargs()
             kwargs.pop("service", None)
             scrub = tuple(kwargs.pop("scrub_patterns", _DEFAULT_SCRUB))
-            kwargs["scrub_patterns"] = (*scrub, RAY_ENV_PATTERN)
+            kwargs["scrub_patterns"] = (*scrub, RAY_ENV_PATTERN, *self.strip_env)
             if config.mode is None:
                 executor = LocalShellExecutor(service=self.service, **kwargs)
             else:
