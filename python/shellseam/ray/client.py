@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from ..errors import REMOTE_UNAVAILABLE, ShellError
@@ -135,7 +135,7 @@ class NodeLink:
 
     def release(self, handle_id: str) -> None:
         """A background handle was dropped: the next heartbeat lets the node forget it
-        (and kill it if it still runs). Called from a finalizer: no I/O here."""
+        once settled (its command runs on, as locally). Called from a finalizer: no I/O."""
         self._releases.append(handle_id)
 
     def renew_identity(self) -> None:
@@ -198,7 +198,7 @@ class NodeLink:
     ) -> Any:
         """Delivers ``message`` and waits for the reply, re-asking on ``RetryDelivery``;
         raises ``NodeLost`` or ``TimeoutError`` (the watchdog)."""
-        while True:
+        for pause in _backoff():
             fut = transport.submit(method, message)
             while True:
                 remaining = deadline() - time.monotonic()
@@ -210,6 +210,8 @@ class NodeLink:
                     break
                 except concurrent.futures.TimeoutError:
                     continue
+            time.sleep(min(pause, max(deadline() - time.monotonic(), 0)))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def call_async(
         self,
@@ -219,7 +221,7 @@ class NodeLink:
         deadline: Callable[[], float],
     ) -> Any:
         """``call_sync`` on the running loop; cancelling it leaves the call in flight."""
-        while True:
+        for pause in _backoff():
             fut = asyncio.wrap_future(transport.submit(method, message))
             while True:
                 remaining = deadline() - time.monotonic()
@@ -233,13 +235,24 @@ class NodeLink:
                     return fut.result()
                 except RetryDelivery:
                     break
+            await asyncio.sleep(min(pause, max(deadline() - time.monotonic(), 0)))
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    def fire(self, method: str, message: object) -> None:
-        """Fire and forget (an abort): failures only mean the node is gone."""
+    def fire(self, transport: Transport, method: str, message: object) -> None:
+        """Fire and forget (an abort) on the call's own transport: a failure only means
+        that incarnation is gone, and its commands with it."""
         try:
-            self.transport().submit(method, message)
+            transport.submit(method, message)
         except Exception:
             _log.debug("could not deliver %s to %s", method, self.node_id, exc_info=True)
+
+
+def _backoff() -> Iterator[float]:
+    """Pauses between re-asks of a call whose delivery may have failed."""
+    pause = 0.01
+    while True:
+        yield pause
+        pause = min(pause * 2, 1.0)
 
 
 # -- the process-wide heartbeat ------------------------------------------------------------
@@ -556,11 +569,13 @@ class RemoteShellExecutor(ShellExecutor):
             self._link.take_acks(),
         )
 
-    def _watch_signal(self, spec: ShellExecSpec, call: RunCall) -> Callable[[], None]:
+    def _watch_signal(
+        self, spec: ShellExecSpec, call: RunCall, transport: Transport
+    ) -> Callable[[], None]:
         if spec.signal is None:
             return lambda: None
         ref = CallRef(call.client_id, call.call_id)
-        return spec.signal.add_listener(lambda: self._link.fire("abort", ref))
+        return spec.signal.add_listener(lambda: self._link.fire(transport, "abort", ref))
 
     def _finish(self, call: RunCall, reply: RunReply) -> ShellRunResult:
         self._link.ack(call.call_id)
@@ -592,7 +607,7 @@ class RemoteShellExecutor(ShellExecutor):
         transport = self._link.transport()
         sent_at = time.monotonic()
         budget = self._budget_s(spec)
-        remove = self._watch_signal(spec, call)
+        remove = self._watch_signal(spec, call, transport)
         try:
             reply = self._link.call_sync(
                 transport,
@@ -601,7 +616,7 @@ class RemoteShellExecutor(ShellExecutor):
                 lambda: self._link.deadline(call.call_id, sent_at, budget),
             )
         except (NodeLost, TimeoutError) as err:
-            self._link.fire("cancel", CallRef(call.client_id, call.call_id))
+            self._link.fire(transport, "cancel", CallRef(call.client_id, call.call_id))
             raise self._lost(transport, err) from None
         except BaseException:
             # KeyboardInterrupt while waiting: nothing may be left running.
@@ -625,7 +640,7 @@ class RemoteShellExecutor(ShellExecutor):
         transport = self._link.transport()
         sent_at = time.monotonic()
         budget = self._budget_s(spec)
-        remove = self._watch_signal(spec, call)
+        remove = self._watch_signal(spec, call, transport)
         try:
             reply = await self._link.call_async(
                 transport,
@@ -634,7 +649,7 @@ class RemoteShellExecutor(ShellExecutor):
                 lambda: self._link.deadline(call.call_id, sent_at, budget),
             )
         except (NodeLost, TimeoutError) as err:
-            self._link.fire("cancel", CallRef(call.client_id, call.call_id))
+            self._link.fire(transport, "cancel", CallRef(call.client_id, call.call_id))
             raise self._lost(transport, err) from None
         except asyncio.CancelledError:
             await self._cancel_async(transport, call, budget)
