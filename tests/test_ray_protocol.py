@@ -546,6 +546,19 @@ def test_a_late_retry_after_lease_expiry_never_runs_and_the_link_recovers(world:
     assert ex.run_sync(spec_of(ex, "echo back")).stdout.text == "back\n"
 
 
+def test_a_heartbeat_after_expiry_gets_a_new_lease(world: World) -> None:
+    link = world.new_link()
+    link.close()
+    ex = world.executor(link)
+    ex.run_sync(spec_of(ex, "true"))
+    old_id = link.client_id
+    time.sleep(LEASE_S * 2)  # silent: the node lets the lease run out
+    link.closed = False  # the harness comes back
+    link.heartbeat()
+    assert eventually(lambda: link.client_id != old_id)
+    assert ex.run_sync(spec_of(ex, "echo fine")).stdout.text == "fine\n"
+
+
 def test_dropped_settled_handles_are_forgotten_by_the_node(world: World) -> None:
     import gc
 

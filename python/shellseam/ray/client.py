@@ -170,6 +170,9 @@ class NodeLink:
                     self.forget_transport(transport)
                 return
             reply: HeartbeatReply = f.result()
+            if reply.expired:
+                self.renew_identity()
+                return
             now = time.monotonic()
             with self._lock:
                 for call_id in reply.queued:

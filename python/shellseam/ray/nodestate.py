@@ -495,6 +495,8 @@ class NodeState:
     # -- leases, spill files, facts ----------------------------------------------------
 
     async def heartbeat(self, msg: Heartbeat) -> HeartbeatReply:
+        if msg.client_id in self._expired:
+            return HeartbeatReply(self.incarnation, (), expired=True)
         client = self._client(msg.client_id)
         self._ack(client, msg.acks)
         for handle_id in msg.releases:

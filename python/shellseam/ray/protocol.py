@@ -198,6 +198,7 @@ class Heartbeat:
 class HeartbeatReply:
     incarnation: str
     queued: tuple[str, ...]  # this client's call ids still waiting for admission
+    expired: bool = False  # the lease had run out: this client id is refused from now on
 
 
 @dataclass(frozen=True)
