@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -66,12 +68,15 @@ class LocalCluster:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
+    # Ray's sockets live under its temp dir, whose path must stay short.
+    temp_dir = tempfile.mkdtemp(prefix="ssray-", dir="/tmp")
     c = Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": 1,
             "include_dashboard": False,
             "_system_config": SYSTEM_CONFIG,
+            "temp_dir": temp_dir,
         },
     )
     try:
@@ -81,6 +86,7 @@ def cluster() -> Iterator[LocalCluster]:
     finally:
         ray.shutdown()
         c.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -105,8 +111,8 @@ def keeper() -> bool:
     )
     try:
         assert child.stdout is not None
-        child.stdout.readline()
-        eventually(lambda: bool(marker_pids(marker)))
+        assert child.stdout.readline() == b"up\n"
+        assert eventually(lambda: bool(marker_pids(marker)))  # the probe itself works
         child.kill()
         child.wait()
         return eventually(lambda: marker_pids(marker) == [], 3)
