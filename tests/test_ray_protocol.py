@@ -731,3 +731,49 @@ def test_failed_transport_future_helper() -> None:
     fut = failed(NodeLost("x"))
     with pytest.raises(NodeLost):
         fut.result()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    limit=st.integers(min_value=1, max_value=3),
+    arrivals=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=25),
+)
+def test_admission_never_exceeds_its_limit_and_serves_clients_in_turn(
+    limit: int, arrivals: list[int]
+) -> None:
+    from shellseam.ray.nodestate import Admission, _Client
+
+    async def main() -> list[int]:
+        admission = Admission(limit)
+        clients = [_Client(f"c{i}", 0.0) for i in range(4)]
+        order: list[int] = []
+        peak = 0
+
+        async def one(who: int) -> None:
+            nonlocal peak
+            await admission.acquire(clients[who])
+            order.append(who)
+            peak = max(peak, admission.running)
+            await asyncio.sleep(0)
+            admission.release()
+
+        tasks = [asyncio.ensure_future(one(who)) for who in arrivals]
+        await asyncio.gather(*tasks)
+        assert peak <= limit and admission.running == 0 and admission.queued == 0
+        return order
+
+    order = asyncio.run(main())
+    # Everyone arrives before the first release: the first ``limit`` get slots, the rest
+    # are served round-robin over clients in the order each first had to wait, and in
+    # arrival order within a client.
+    waiting: dict[int, list[int]] = {}
+    for who in arrivals[limit:]:
+        waiting.setdefault(who, []).append(who)
+    expected = arrivals[:limit]
+    rotation = list(waiting)
+    while rotation:
+        who = rotation.pop(0)
+        expected.append(waiting[who].pop(0))
+        if waiting[who]:
+            rotation.append(who)
+    assert order == expected
