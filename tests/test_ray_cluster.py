@@ -429,3 +429,38 @@ def test_bench_rows_smoke(cluster: LocalCluster) -> None:
     rows = _bench_ray.run(True, tiny=True)
     assert [r.verdict in ("PASS", "MISS") for r in rows] == [True, True, False]
     assert rows[2].unit == "MiB/s" and (rows[2].value or 0) > 0
+
+
+def test_attack_a_command_driving_the_cluster_is_stopped_by_network_false(
+    cluster: LocalCluster, tmp_path: Any
+) -> None:
+    """The threat: a command that knows the cluster's address (any process can find it)
+    joins it as a driver and runs code on every node. Confined with ``network=False`` it
+    cannot open the socket."""
+    address = cluster.cluster.address
+    attack = (
+        f"{sys.executable} -c \"import ray; ray.init(address='{address}', "
+        "log_to_driver=False); print('pwned', ray.get(ray.remote(lambda: 42).remote()))\""
+    )
+    open_ex = RayShellExecutor(node_id=cluster.node_ids[0], cwd=str(tmp_path))
+    succeeded = open_ex.run_sync(spec(open_ex, attack, timeout_ms=60_000))
+    assert "pwned 42" in succeeded.stdout.text  # unconfined, the attack works
+
+    from shellseam import SandboxPolicy
+
+    confined = RayShellExecutor(
+        node_id=cluster.node_ids[0], mode="workspace-write", cwd=str(tmp_path)
+    )
+    policy = SandboxPolicy(mode="workspace-write", workspace_root=str(tmp_path), network=False)
+    host, port = address.rsplit(":", 1)
+    probe = confined.run_sync(
+        spec(
+            confined,
+            f"{sys.executable} -c \"import socket; socket.create_connection(('{host}', {port}))\"",
+            sandbox_policy=policy,
+        )
+    )
+    assert probe.exit_code != 0 and "PermissionError" in probe.stderr.text
+    # Ray would retry for a minute; a few seconds show it gets nowhere.
+    stopped = confined.run_sync(spec(confined, attack, sandbox_policy=policy, timeout_ms=8_000))
+    assert "pwned" not in stopped.stdout.text and stopped.exit_code != 0
