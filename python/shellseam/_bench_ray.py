@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 # The bench harness's helpers (``shellseam._bench.harness`` once the suite is a package:
 # the same names without the underscore).
@@ -45,8 +44,9 @@ def _cluster(address: str | None) -> Iterator[list[str]]:
     if address is not None or ray.is_initialized():
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
-        nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
-        alive = [n["NodeID"] for n in nodes if n.get("Alive")]
+        from .ray.executor import alive_nodes
+
+        alive = alive_nodes()
         yield alive[-2:]
         return
     from ray.cluster_utils import Cluster
@@ -60,7 +60,8 @@ def _cluster(address: str | None) -> Iterator[list[str]]:
         yield [w.node_id for w in workers]
     finally:
         ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+        shutdown: Callable[[], None] = cluster.shutdown  # untyped in Ray
+        shutdown()
 
 
 def run(

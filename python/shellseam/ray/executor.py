@@ -115,7 +115,8 @@ def _ensure_ray() -> None:
 
 def alive_nodes() -> list[str]:
     """The ids of the cluster's alive nodes."""
-    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    nodes_of_cluster: Callable[[], list[dict[str, Any]]] = ray.nodes  # untyped in Ray
+    nodes = nodes_of_cluster()
     return [n["NodeID"] for n in nodes if n.get("Alive")]
 
 
