@@ -1,5 +1,5 @@
 """``RayShellExecutor`` on a real local cluster: one head and two worker nodes (plain Ray, no
-dashboard), started once per session and torn down at the end.
+dashboard), started once per test session and torn down after this module.
 
 Run with the others, or alone with ``-m ray``. Every command a test starts carries a marker
 in its command line, so that /proc (all nodes of a local cluster share this machine) shows
@@ -66,8 +66,10 @@ class LocalCluster:
         return [w.node_id for w in self.workers]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
+    # Started once per session (only this module uses it) and torn down as soon as the
+    # module is done, so that no Ray driver threads run under the other tests.
     # Ray's sockets live under its temp dir, whose path must stay short.
     temp_dir = tempfile.mkdtemp(prefix="ssray-", dir="/tmp")
     c = Cluster(
