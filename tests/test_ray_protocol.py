@@ -243,6 +243,14 @@ def test_resolve_is_local_and_validates(world: World) -> None:
         world.executor(service=world.node.service)
 
 
+def test_configuration_reads_as_a_local_executors(world: World) -> None:
+    ex = world.executor(timeout_ms=5_000, max_output_bytes=1234)
+    assert (ex.timeout_ms, ex.max_output_bytes, ex.grace_ms) == (5_000, 1234, 200)
+    assert ex.cwd == world.cwd and ex.sandbox_mode is None and ex.node_id == "node-a"
+    with pytest.raises(AttributeError):
+        _ = ex.service
+
+
 def test_spawn_failure_raises_the_local_code(world: World) -> None:
     with pytest.raises(ShellError) as err:
         world.ex.run_sync(spec_of(world.ex, "true", workdir="/nonexistent/dir"))

@@ -505,6 +505,24 @@ _EMPTY = CollectedOutput(
 )
 
 
+#: Configuration attributes a remote executor answers from its local twin.
+_CONFIG_NAMES = frozenset(
+    {
+        "timeout_ms",
+        "max_timeout_ms",
+        "max_output_bytes",
+        "max_spill_bytes",
+        "grace_ms",
+        "scrub_patterns",
+        "allow_env",
+        "managed_prefix",
+        "limits",
+        "containment",
+        "default_mode",
+    }
+)
+
+
 def _hashable(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return tuple(_hashable(v) for v in value)
@@ -538,6 +556,13 @@ class RemoteShellExecutor(ShellExecutor):
     @property
     def node_id(self) -> str:
         return self._link.node_id
+
+    def __getattr__(self, name: str) -> Any:
+        # The executor's configuration reads as a local executor's (``ex.timeout_ms``);
+        # nothing else of the twin (its service, its spawning) is reachable.
+        if name in _CONFIG_NAMES and "_twin" in self.__dict__:
+            return getattr(self._twin, name)
+        raise AttributeError(name)
 
     @property
     def link(self) -> NodeLink:
