@@ -785,3 +785,24 @@ def test_admission_never_exceeds_its_limit_and_serves_clients_in_turn(
         if waiting[who]:
             rotation.append(who)
     assert order == expected
+
+
+def test_worker_additions_are_the_names_the_parent_lacks() -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ADDED_BY_RAY_WORKER": "1", "RAY_SOMETHING": "1"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from shellseam.ray.node import worker_additions; print(worker_additions())",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "'ADDED_BY_RAY_WORKER'" in out
+    assert "RAY_SOMETHING" not in out  # RAY_* goes by its own pattern
+    assert "'PATH'" not in out  # the parent (this test) has it too
