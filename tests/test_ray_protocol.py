@@ -37,7 +37,9 @@ from shellseam import (
     render_result,
     task_tools,
 )
-from shellseam.ray.client import NodeLink, RemoteShellExecutor, RemoteShellProcess
+from shellseam.ray.client import RemoteShellExecutor
+from shellseam.ray.handle import RemoteShellProcess
+from shellseam.ray.link import NodeLink
 from shellseam.ray.nodestate import NodeState
 from shellseam.ray.protocol import (
     InProcessTransport,

@@ -12,7 +12,8 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("shellseam.ray needs Ray: pip install 'shellseam[ray]'") from err
 
-from .client import RemoteShellExecutor, RemoteShellProcess
+from .client import RemoteShellExecutor
 from .executor import RayShellExecutor
+from .handle import RemoteShellProcess
 
 __all__ = ["RayShellExecutor", "RemoteShellExecutor", "RemoteShellProcess"]

@@ -23,7 +23,8 @@ import ray.exceptions
 from ..errors import REMOTE_UNAVAILABLE, ShellError
 from ..types import SandboxMode
 from . import node as _node
-from .client import NodeLink, RemoteShellExecutor
+from .client import RemoteShellExecutor
+from .link import NodeLink
 from .protocol import LEASE_S, NodeInfo, NodeLost, RetryDelivery, Transport
 
 #: How long to wait for a node service's facts when choosing the least loaded node.
