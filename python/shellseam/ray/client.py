@@ -6,6 +6,8 @@ forwarded by call id, cancellation returns only once the node reports the proces
 and a lost or silent node is ``ShellError(REMOTE_UNAVAILABLE)``.
 """
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import math

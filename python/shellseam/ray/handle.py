@@ -6,6 +6,8 @@ and nothing is delivered twice. A handle whose node service is lost settles ``ki
 delivers exactly one delta, ``remote node lost: <node_id>``.
 """
 
+from __future__ import annotations
+
 import asyncio
 import concurrent.futures
 import logging

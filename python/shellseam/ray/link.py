@@ -7,6 +7,8 @@ process, re-asks a call whose delivery may have failed (call ids make that safe)
 a lost node (``NodeLost``) from a silent one (the watchdog's ``TimeoutError``).
 """
 
+from __future__ import annotations
+
 import asyncio
 import concurrent.futures
 import itertools
