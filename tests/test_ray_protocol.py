@@ -49,7 +49,7 @@ from shellseam.ray.protocol import (
     failed,
 )
 
-LEASE_S = 0.6
+LEASE_S = 1.5  # short, yet many heartbeats long even on a loaded machine
 
 
 class FaultyTransport(InProcessTransport):
