@@ -496,6 +496,20 @@ def test_node_death_mid_read_settles_killed_with_one_lost_delta(world: World) ->
     assert eventually(lambda: marker_pids(marker) == [])
 
 
+def test_a_silent_read_gives_up_and_kills_rather_than_lie(world: World) -> None:
+    link = world.new_link(slack_s=0.3)
+    ex = world.executor(link)
+    marker = new_marker()
+    proc = ex.start(spec_of(ex, f"exec -a {marker} sleep 30"))
+    assert eventually(lambda: bool(marker_pids(marker)))
+    world.transport.inject("read", world.transport.silent)
+    assert proc.read_output().delta == "remote node lost: node-a"
+    assert proc.status == "killed"
+    # The node was only slow: the kill sent on giving up makes "killed" true there too.
+    assert eventually(lambda: marker_pids(marker) == [])
+    link.close()
+
+
 def test_handle_of_a_dead_incarnation_is_refused(world: World, tmp_path: Any) -> None:
     proc = world.ex.start(spec_of(world.ex, "sleep 30"))
     assert isinstance(proc, RemoteShellProcess)

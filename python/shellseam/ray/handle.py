@@ -111,6 +111,12 @@ class RemoteShellProcess(ShellProcess):
         self._link.forget_transport(self._transport)
         self._settle(HandleState(status="killed", exit_code=None, signal=None, sandbox=None))
 
+    def _give_up(self, err: BaseException) -> None:
+        """A node that stopped answering counts as lost; should it only be slow, the kill
+        sent here makes "killed" true there too."""
+        if isinstance(err, TimeoutError):
+            self._link.fire(self._transport, "kill", self._ref(self._link.new_id()))
+
     # -- state -------------------------------------------------------------------------
 
     @property
@@ -158,7 +164,8 @@ class RemoteShellProcess(ShellProcess):
                 reply: ReadReply = self._link.call_sync(
                     self._transport, "read", message, self._deadline()
                 )
-            except (NodeLost, TimeoutError):
+            except (NodeLost, TimeoutError) as err:
+                self._give_up(err)
                 reply = ReadReply("", 0, None, None, Fault("UNKNOWN_HANDLE", "lost"))
             if reply.fault is None and reply.read is not None and reply.seq > cursor:
                 self._cursor = reply.seq
@@ -187,7 +194,8 @@ class RemoteShellProcess(ShellProcess):
             reply: KillReply = self._link.call_sync(
                 self._transport, "kill", message, self._deadline()
             )
-        except (NodeLost, TimeoutError):
+        except (NodeLost, TimeoutError) as err:
+            self._give_up(err)
             self._settle_lost()
             return True
         if reply.fault is not None:
