@@ -286,11 +286,17 @@ def test_bash_tool_with_background_tasks(ex: RayShellExecutor, tmp_path: Any) ->
         fg = await tool.execute({"command": "echo $DSH_SHELL", "description": "d"}, ctx)
         assert fg.text == "1\n[exit code: 0]"
         bg = await tool.execute(
-            {"command": "echo up; sleep 30", "description": "srv", "run_in_background": True},
+            {
+                "command": "echo up; touch ready; sleep 30",
+                "description": "srv",
+                "run_in_background": True,
+            },
             ctx,
         )
         assert bg.text == "started background task bash-1"
-        out = await task_output.execute({"task_id": "bash-1", "block": True, "timeoutMs": 500}, ctx)
+        ready = os.path.join(ex.cwd, "ready")
+        assert await asyncio.to_thread(eventually, lambda: os.path.exists(ready), 10)
+        out = await task_output.execute({"task_id": "bash-1", "block": True, "timeoutMs": 200}, ctx)
         assert out.text == "task bash-1: running\nup\n"
         assert (await task_kill.execute({"task_id": "bash-1"}, ctx)).text == "killed task bash-1"
         await runtime.dispose_owner("s")

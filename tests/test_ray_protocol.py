@@ -729,13 +729,19 @@ def test_bash_tool_and_task_tools_over_the_protocol(world: World, tmp_path: Any)
         fg = await tool.execute({"command": "echo hi; exit 4", "description": "d"}, ctx)
         assert fg.text == "hi\n[exit code: 4]" and not fg.is_error
         bg = await tool.execute(
-            {"command": "echo bg; sleep 30", "description": "srv", "run_in_background": True},
+            {
+                "command": "echo bg; touch ready; sleep 30",
+                "description": "srv",
+                "run_in_background": True,
+            },
             ctx,
         )
         assert bg.text == "started background task bash-1"
         listed = await task_list.execute({}, ctx)
         assert listed.text == "bash-1  running  srv"
-        await asyncio.sleep(0.3)
+        ready = os.path.join(world.cwd, "ready")
+        assert await asyncio.to_thread(eventually, lambda: os.path.exists(ready))
+        await asyncio.sleep(0.1)
         out = await task_output.execute({"task_id": "bash-1"}, ctx)
         assert out.text == "task bash-1: running\nbg\n"
         killed = await task_kill.execute({"task_id": "bash-1"}, ctx)
