@@ -220,7 +220,12 @@ def test_node_environment_has_no_ray_names(ex: RayShellExecutor) -> None:
 def test_abort_timeout_and_cancel(ex: RayShellExecutor) -> None:
     marker = new_marker()
     ctl = AbortController()
-    threading.Timer(0.5, ctl.abort).start()
+
+    def abort_once_running() -> None:
+        eventually(lambda: bool(marker_pids(marker)), 30)
+        ctl.abort()
+
+    threading.Thread(target=abort_once_running, daemon=True).start()
     aborted = ex.run_sync(spec(ex, f"exec -a {marker} sleep 30", signal=ctl.signal))
     assert aborted.aborted and aborted.signal == "SIGTERM"
     assert marker_pids(marker) == []

@@ -50,6 +50,16 @@ from shellseam.ray.protocol import (
 LEASE_S = 1.5  # short, yet many heartbeats long even on a loaded machine
 
 
+def abort_once_running(ctl: AbortController, marker: str) -> None:
+    """Aborts from another thread as soon as the marked command runs."""
+
+    def watch() -> None:
+        eventually(lambda: bool(marker_pids(marker)), 30)
+        ctl.abort()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 class FaultyTransport(InProcessTransport):
     """The in-process transport with faults scheduled per method, each used once."""
 
@@ -303,7 +313,7 @@ def test_acknowledged_records_are_dropped_by_the_node(world: World) -> None:
 def test_abort_forwards_and_kills(world: World) -> None:
     marker = new_marker()
     ctl = AbortController()
-    threading.Timer(0.3, ctl.abort).start()
+    abort_once_running(ctl, marker)
     result = world.ex.run_sync(spec_of(world.ex, f"exec -a {marker} sleep 30", signal=ctl.signal))
     assert result.aborted and not result.timed_out
     assert result.signal == "SIGTERM"
@@ -312,7 +322,7 @@ def test_abort_forwards_and_kills(world: World) -> None:
 
 def test_delayed_run_lets_the_abort_arrive_first_and_nothing_spawns(world: World) -> None:
     ctl = AbortController()
-    world.transport.inject("run", world.transport.delay(0.4))
+    world.transport.inject("run", world.transport.delay(1.0))
     threading.Timer(0.1, ctl.abort).start()
     result = world.ex.run_sync(spec_of(world.ex, "touch spawned", signal=ctl.signal))
     assert result.aborted and result.exit_code is None and result.signal is None
@@ -617,7 +627,7 @@ def test_admission_is_fair_across_clients(world: World, tmp_path: Any) -> None:
     polite = RemoteShellExecutor(NodeLink("node-b", lambda: transport), cwd=world.cwd)
 
     async def main() -> None:
-        first = asyncio.ensure_future(greedy.run(spec_of(greedy, "sleep 0.3; echo g0 >> log")))
+        first = asyncio.ensure_future(greedy.run(spec_of(greedy, "sleep 1; echo g0 >> log")))
         await asyncio.sleep(0.1)
         more = [
             asyncio.ensure_future(greedy.run(spec_of(greedy, f"echo g{i} >> log")))
