@@ -177,6 +177,7 @@ class World:
         return RemoteShellExecutor(link or self.link, cwd=self.cwd, **config)
 
     def new_link(self, **kwargs: Any) -> NodeLink:
+        kwargs.setdefault("heartbeat_s", 0.1)  # well inside the tests' short lease
         return NodeLink("node-a", lambda: self.transport, **kwargs)
 
     def on_loop(self, fn: Callable[[], Any]) -> Any:

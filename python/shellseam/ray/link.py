@@ -68,6 +68,7 @@ class NodeLink:
         self._queued_seen: dict[str, float] = {}
         self.incarnation: str | None = None
         self.closed = False
+        self.heartbeat_s = heartbeat_s
         _heartbeats.add(self, heartbeat_s)
 
     # -- plumbing ----------------------------------------------------------------------
@@ -229,11 +230,10 @@ def _backoff() -> Iterator[float]:
 
 
 class _Heartbeats:
-    """One daemon thread renews every live link's lease."""
+    """One daemon thread renews every live link's lease, each at its own period."""
 
     def __init__(self) -> None:
-        self._links: weakref.WeakSet[NodeLink] = weakref.WeakSet()
-        self._period = HEARTBEAT_S
+        self._due: weakref.WeakKeyDictionary[NodeLink, float] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -243,8 +243,8 @@ class _Heartbeats:
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the thread is the parent's
                 self._thread, self._pid = None, os.getpid()
-            self._links.add(link)
-            self._period = min(self._period, period_s)
+            link.heartbeat_s = period_s
+            self._due[link] = time.monotonic() + period_s
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="shellseam-ray-heartbeat", daemon=True
@@ -255,19 +255,23 @@ class _Heartbeats:
 
     def discard(self, link: NodeLink) -> None:
         with self._lock:
-            self._links.discard(link)
+            self._due.pop(link, None)
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(self._period)
-            self._wake.clear()
+            now = time.monotonic()
             with self._lock:
-                links = list(self._links)
-            for link in links:
+                due = [link for link, at in self._due.items() if at <= now]
+                for link in due:
+                    self._due[link] = now + link.heartbeat_s
+                next_at = min(self._due.values(), default=now + HEARTBEAT_S)
+            for link in due:
                 try:
                     link.heartbeat()
                 except Exception:
                     _log.debug("heartbeat to %s failed", link.node_id, exc_info=True)
+            self._wake.wait(max(next_at - time.monotonic(), 0.0))
+            self._wake.clear()
 
 
 _heartbeats = _Heartbeats()
