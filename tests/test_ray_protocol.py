@@ -840,3 +840,21 @@ def test_worker_additions_are_the_names_the_parent_lacks() -> None:
     assert "'ADDED_BY_RAY_WORKER'" in out
     assert "RAY_SOMETHING" not in out  # RAY_* goes by its own pattern
     assert "'PATH'" not in out  # the parent (this test) has it too
+
+
+def test_a_bad_config_fails_before_any_remote_work(tmp_path: Any) -> None:
+    ray = pytest.importorskip("ray")
+    from shellseam.ray import RayShellExecutor
+
+    assert not ray.is_initialized()
+    with pytest.raises((ValueError, ShellError)):
+        RayShellExecutor(cwd=str(tmp_path), grace_ms=-1)
+    service = SubprocessService()
+    try:
+        with pytest.raises(TypeError, match="service"):
+            RayShellExecutor(cwd=str(tmp_path), service=service)
+    finally:
+        service.dispose()
+    with pytest.raises(TypeError, match="node_id"):
+        RayShellExecutor(cwd=str(tmp_path), node_id=7)  # type: ignore[arg-type]
+    assert not ray.is_initialized()  # no cluster was started or joined for any of them

@@ -77,8 +77,15 @@ class RemoteShellExecutor(ShellExecutor):
     """The seam on a node service reached through a ``NodeLink`` (any transport)."""
 
     def __init__(
-        self, link: NodeLink, *, mode: SandboxMode | None = None, cwd: str, **config: Any
+        self,
+        link: NodeLink | Callable[[], NodeLink],
+        *,
+        mode: SandboxMode | None = None,
+        cwd: str,
+        **config: Any,
     ) -> None:
+        """``link`` may be a factory: it is called once the config has been validated, so
+        that a bad config fails before any remote work (choosing a node, connecting)."""
         if "service" in config:
             raise TypeError(
                 "service: a remote executor runs on its node service; it takes no local one"
@@ -90,7 +97,7 @@ class RemoteShellExecutor(ShellExecutor):
             if mode is None
             else SandboxShellExecutor(mode=mode, cwd=cwd, **config)
         )
-        self._link = link
+        self._link = link if isinstance(link, NodeLink) else link()
         self.sandbox_mode = mode
         self.cwd = self._twin.cwd
         items = {**config, "cwd": self.cwd}

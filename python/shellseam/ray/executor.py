@@ -188,12 +188,15 @@ class RayShellExecutor(RemoteShellExecutor):
             isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1
         ):
             raise ValueError(f"max_running must be a positive integer, got {max_running!r}")
-        _ensure_ray()
-        if node_id is None:
-            node_id = least_loaded_node()
-        elif node_id not in alive_nodes():
-            raise ValueError(f"node_id: no alive Ray node has the id {node_id!r}")
-        super().__init__(link_for(node_id, max_running=max_running), mode=mode, cwd=cwd, **config)
+
+        def bind() -> NodeLink:
+            _ensure_ray()
+            chosen = least_loaded_node() if node_id is None else node_id
+            if chosen not in alive_nodes():
+                raise ValueError(f"node_id: no alive Ray node has the id {chosen!r}")
+            return link_for(chosen, max_running=max_running)
+
+        super().__init__(bind, mode=mode, cwd=cwd, **config)
 
     def node_info(self) -> NodeInfo:
         """The node service's facts (pid, running, queued, spill directory)."""
