@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pickle
 import sys
 import tempfile
 import time
@@ -77,6 +78,7 @@ def run(
 
     from .ray import RayShellExecutor
     from .ray import node as ray_node
+    from .ray.protocol import Heartbeat
 
     sequential_reps = 5 if tiny else 200 if quick else 500
     inflight_rounds = 1 if tiny else 8 if quick else 20
@@ -101,17 +103,23 @@ def run(
 
                 return once
 
+            # A protocol message without a command: what the call costs beyond the bare
+            # round trip before any process is spawned (diagnostic).
+            heartbeat = pickle.dumps(("heartbeat", Heartbeat(remote[0].link.client_id)))
+
             say("ray: sequential `bash -c true` ...")
             samples = interleaved(
                 {
                     "ray": timed(lambda: remote[0].run_sync(true_remote)),
                     "rtt": timed(lambda: ray.get(actor.ping.remote())),
+                    "message": timed(lambda: ray.get(actor.call.remote(heartbeat))),
                     "local": timed(lambda: local.run_sync(true_local)),
                 },
                 sequential_reps,
             )
             ours = median(samples["ray"]) * 1e3
             rtt = median(samples["rtt"]) * 1e3
+            message = median(samples["message"]) * 1e3
             here = median(samples["local"]) * 1e3
             name = "R1 `bash -c true` through RayShellExecutor"
             rows.append(
@@ -123,6 +131,16 @@ def run(
                     "ms",
                     1.15,
                     note=f"round trip {rtt:.2f} ms, local {here:.2f} ms",
+                )
+            )
+            rows.append(
+                ratio_row(
+                    name,
+                    "protocol message round trip vs empty (diagnostic)",
+                    message,
+                    rtt,
+                    "ms",
+                    None,
                 )
             )
 
