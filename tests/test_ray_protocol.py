@@ -331,6 +331,22 @@ def test_delayed_run_lets_the_abort_arrive_first_and_nothing_spawns(world: World
     assert not os.path.exists(os.path.join(world.cwd, "spawned"))
 
 
+def test_a_call_cancelled_before_it_arrives_never_runs_nor_stays(world: World) -> None:
+    world.transport.inject("run", world.transport.delay(1.0))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(world.ex.run(spec_of(world.ex, "touch spawned")))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    time.sleep(1.2)  # the delayed run has arrived by now
+    assert not os.path.exists(os.path.join(world.cwd, "spawned"))
+    assert world.on_loop(lambda: sum(len(c.calls) for c in world.node._clients.values())) == 0
+
+
 def test_abort_delayed_past_the_end_changes_nothing(world: World) -> None:
     ctl = AbortController()
     world.transport.inject("abort", world.transport.delay(0.3))

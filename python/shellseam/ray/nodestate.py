@@ -375,8 +375,9 @@ class NodeState:
         client = self._client(msg.client_id)
         call = client.calls.get(msg.call_id)
         if call is None:
-            if msg.call_id not in client.finished:
-                client.early_aborts.add(msg.call_id)
+            # Cancelled before it arrived: the caller has stopped waiting, so the call, when
+            # it comes, is refused like a duplicate (nothing runs, no record is kept).
+            client.finished.add(msg.call_id)
             return
         call.stop("cancelled by the caller")
         if call.reply is not None:
