@@ -15,6 +15,7 @@ import asyncio
 import collections
 import dataclasses
 import inspect
+import logging
 import os
 import secrets
 import stat
@@ -51,6 +52,8 @@ from .protocol import (
     StartReply,
     WaitReply,
 )
+
+_log = logging.getLogger("shellseam.ray")
 
 #: Environment names a node never passes on: they would point a command at the cluster.
 RAY_ENV_PATTERN = "RAY_*"
@@ -416,7 +419,8 @@ class NodeState:
                 return
             try:
                 handle.proc = executor.start(spec)
-            except ShellError:  # DISPOSED: the service is going away, nothing ran
+            except Exception:  # DISPOSED (the service is going away) or a bug: nothing ran
+                _log.exception("background start failed on node %s", self.node_id)
                 handle.state = _KILLED_QUEUED
                 return
             await handle.proc.wait()
