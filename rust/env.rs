@@ -2,6 +2,10 @@
 //! the caller's layers in a fixed order (later layers win).
 
 use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex};
+
+use crate::errors::CoreError;
 
 /// Case-insensitive glob match supporting `*`, `?` and `[...]` classes (with `!`/`^`).
 pub fn glob_match(pattern: &str, name: &str) -> bool {
@@ -221,6 +225,111 @@ impl EnvPolicy {
     }
 }
 
+/// The harness's environment as the cache sees it: compared against the last snapshot
+/// without copying, and copied only when it changed.
+pub trait EnvSource {
+    type Error: From<CoreError>;
+    fn entry_count(&self) -> usize;
+    /// Whether the entries equal `snapshot`, in order.
+    fn equals(&self, snapshot: &[EnvPair]) -> Result<bool, Self::Error>;
+    fn pairs(&self) -> Result<Vec<EnvPair>, Self::Error>;
+}
+
+impl EnvSource for [EnvPair] {
+    type Error = CoreError;
+
+    fn entry_count(&self) -> usize {
+        <[EnvPair]>::len(self)
+    }
+
+    fn equals(&self, snapshot: &[EnvPair]) -> Result<bool, CoreError> {
+        Ok(self == snapshot)
+    }
+
+    fn pairs(&self) -> Result<Vec<EnvPair>, CoreError> {
+        Ok(self.to_vec())
+    }
+}
+
+/// `NAME=value` C strings ready for execve; refuses empty names, `=` in a name and NUL.
+pub fn envp_from_pairs(pairs: Vec<EnvPair>) -> Result<Vec<CString>, CoreError> {
+    pairs
+        .into_iter()
+        .map(|(mut k, v)| {
+            if k.is_empty() || k.contains(&b'=') {
+                return Err(CoreError::Invalid(
+                    "invalid environment variable name".into(),
+                ));
+            }
+            k.push(b'=');
+            k.extend_from_slice(&v);
+            CString::new(k)
+                .map_err(|_| CoreError::Invalid("the environment contains a NUL byte".into()))
+        })
+        .collect()
+}
+
+/// The last inherited environment seen, its filtered layer, and the complete environment
+/// of a call without caller layers (the common case), all valid while `snapshot` is.
+#[derive(Default)]
+struct EnvCache {
+    snapshot: Vec<EnvPair>,
+    kept: Vec<EnvPair>,
+    plain: Option<Arc<Vec<CString>>>,
+}
+
+/// An executor's environment rules with the filtered inherited layer cached until the
+/// harness's environment changes.
+pub struct EnvBuilder {
+    policy: EnvPolicy,
+    cache: Mutex<EnvCache>,
+}
+
+impl EnvBuilder {
+    pub fn new(policy: EnvPolicy) -> Self {
+        Self {
+            policy,
+            cache: Mutex::new(EnvCache::default()),
+        }
+    }
+
+    /// The child environment for one call: `base` filtered by the rules, then terminal,
+    /// `extra` and `managed`.
+    pub fn build<S: EnvSource + ?Sized>(
+        &self,
+        base: &S,
+        extra: &[EnvPair],
+        managed: &[EnvPair],
+    ) -> Result<Arc<Vec<CString>>, S::Error> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let same = base.entry_count() == cache.snapshot.len() && base.equals(&cache.snapshot)?;
+        if !same {
+            let snapshot = base.pairs()?;
+            let kept = self.policy.kept_base(&snapshot);
+            *cache = EnvCache {
+                snapshot,
+                kept,
+                plain: None,
+            };
+        }
+        let plain = extra.is_empty() && managed.is_empty();
+        if plain {
+            if let Some(envp) = &cache.plain {
+                return Ok(Arc::clone(envp));
+            }
+        }
+        let envp = Arc::new(envp_from_pairs(self.policy.merge(
+            &cache.kept,
+            extra,
+            managed,
+        ))?);
+        if plain {
+            cache.plain = Some(Arc::clone(&envp));
+        }
+        Ok(envp)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,5 +380,33 @@ mod tests {
                 ("DSH_HOME", "/h")
             ])
         );
+    }
+
+    #[test]
+    fn builder_caches_until_the_base_changes() {
+        let policy = EnvPolicy::new(&["*KEY*".to_string()], "DSH_", vec![], vec![]);
+        let builder = EnvBuilder::new(policy);
+        let base = pairs(&[("PATH", "/bin"), ("API_KEY", "s")]);
+        let first = builder.build(base.as_slice(), &[], &[]).unwrap();
+        let again = builder.build(base.as_slice(), &[], &[]).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(first.as_slice(), [CString::new("PATH=/bin").unwrap()]);
+        let layered = builder
+            .build(base.as_slice(), &pairs(&[("A", "1")]), &[])
+            .unwrap();
+        assert!(!Arc::ptr_eq(&first, &layered));
+        assert_eq!(layered.len(), 2);
+        let changed = pairs(&[("PATH", "/usr/bin"), ("API_KEY", "s")]);
+        let fresh = builder.build(changed.as_slice(), &[], &[]).unwrap();
+        assert_eq!(fresh.as_slice(), [CString::new("PATH=/usr/bin").unwrap()]);
+    }
+
+    #[test]
+    fn builder_refuses_bad_names_and_nul() {
+        let builder = EnvBuilder::new(EnvPolicy::new(&[], "", vec![], vec![]));
+        for bad in [("", "v"), ("A=B", "v"), ("A", "v\0w")] {
+            let err = builder.build(&[][..], &pairs(&[bad]), &[]).unwrap_err();
+            assert!(matches!(err, CoreError::Invalid(_)), "{bad:?}");
+        }
     }
 }

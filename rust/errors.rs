@@ -16,6 +16,10 @@ pub enum SpawnStage {
     Chdir = 6,
     Sandbox = 7,
     Exec = 8,
+    /// The process ran but could not be put under the supervisor (epoll, thread).
+    Supervise = 9,
+    /// The child could not join its cgroups or set its rlimits.
+    Contain = 10,
     Unknown = 99,
 }
 
@@ -30,6 +34,8 @@ impl SpawnStage {
             6 => Self::Chdir,
             7 => Self::Sandbox,
             8 => Self::Exec,
+            9 => Self::Supervise,
+            10 => Self::Contain,
             _ => Self::Unknown,
         }
     }
@@ -44,6 +50,8 @@ impl SpawnStage {
             Self::Chdir => "chdir",
             Self::Sandbox => "sandbox",
             Self::Exec => "exec",
+            Self::Supervise => "supervise",
+            Self::Contain => "contain",
             Self::Unknown => "unknown",
         }
     }
@@ -65,9 +73,14 @@ impl SpawnError {
         Self::new(stage, err.raw_os_error().unwrap_or(libc::EIO))
     }
 
-    /// The C library's message for `errno`, without Rust's " (os error N)" suffix.
+    /// The C library's message for this errno.
     pub fn strerror(&self) -> String {
-        let text = io::Error::from_raw_os_error(self.errno).to_string();
+        Self::strerror_of(self.errno)
+    }
+
+    /// The C library's message for `errno`, without Rust's " (os error N)" suffix.
+    pub fn strerror_of(errno: i32) -> String {
+        let text = io::Error::from_raw_os_error(errno).to_string();
         match text.rfind(" (os error ") {
             Some(cut) => text[..cut].to_string(),
             None => text,

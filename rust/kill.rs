@@ -7,17 +7,25 @@
 use std::fs;
 use std::io;
 
-/// Sends `sig` to every process of the group; a vanished group is not an error.
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// Sends `sig` (0: only check) to every process of the group; a vanished group is not an
+/// error (Ok(false)).
 pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> io::Result<bool> {
-    // SAFETY: kill(2) with a negative pid signals a group; no memory is involved.
-    if unsafe { libc::kill(-pgid, sig) } == 0 {
-        return Ok(true);
+    if pgid <= 1 {
+        // killpg(0) is the caller's own group and 1 is init's: never a command's.
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(false)
-    } else {
-        Err(err)
+    let signal = match sig {
+        0 => None,
+        n => Some(Signal::try_from(n)?),
+    };
+    match killpg(Pid::from_raw(pgid), signal) {
+        Ok(()) => Ok(true),
+        Err(Errno::ESRCH) => Ok(false),
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -51,6 +59,33 @@ pub fn count_group(pgid: libc::pid_t) -> usize {
     count
 }
 
+/// Zombie children of this process (of any of its threads), from
+/// `/proc/self/task/*/children`.
+pub fn zombie_children() -> Vec<libc::pid_t> {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(children) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if parse_stat(&stat).is_some_and(|(state, _)| state == 'Z') {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// The process group of `pid` (zombies included), from /proc.
+pub fn pgrp_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, pgrp)| pgrp)
+}
+
 /// (state, pgrp) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
 fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -72,9 +107,16 @@ mod tests {
     }
 
     #[test]
+    fn never_signals_the_callers_group_or_init() {
+        for pgid in [0, 1, -5] {
+            assert!(signal_group(pgid, libc::SIGKILL).is_err());
+        }
+        assert!(!group_alive(0));
+    }
+
+    #[test]
     fn own_group_is_alive_and_counted() {
-        // SAFETY: getpgrp has no preconditions.
-        let pgid = unsafe { libc::getpgrp() };
+        let pgid = nix::unistd::getpgrp().as_raw();
         assert!(group_alive(pgid));
         assert!(count_group(pgid) >= 1);
     }

@@ -1,15 +1,25 @@
-//! shellseam's process core: module wiring only. The pure core (spawn, supervisor,
-//! collector, spill, env, kill, landlock) builds and tests without Python; the bindings
+//! shellseam's process core: module wiring only. The pure core (spawn, pipes, supervisor,
+//! lifecycle, process, notifier, collector, spill, env, kill, landlock) builds and tests without Python; the bindings
 //! are behind the `python` feature that maturin enables.
 
+mod adopted;
+pub mod cgroup;
+pub mod clone;
 pub mod collector;
+pub mod contain;
 pub mod env;
 pub mod errors;
+pub mod keeper;
 pub mod kill;
 pub mod landlock;
+mod lifecycle;
+pub mod notifier;
+pub mod pipes;
+pub mod process;
 pub mod spawn;
 pub mod spill;
 pub mod supervisor;
+mod sys;
 pub mod utf8;
 
 #[cfg(feature = "python")]

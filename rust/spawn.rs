@@ -11,7 +11,9 @@ use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::clone::{clone3_into, ChildContain};
 use crate::errors::{SpawnError, SpawnStage};
+use crate::pipes::{above_stdio, cloexec_pipe, set_nonblocking};
 
 /// Size of the child's stack while it runs between clone and exec.
 const CHILD_STACK_BYTES: usize = 64 * 1024;
@@ -26,6 +28,12 @@ pub struct SpawnPlan {
     /// Landlock ruleset fd to enforce in the child before exec (see `landlock.rs`); the
     /// caller keeps it open for the duration of the call.
     pub landlock_ruleset: Option<RawFd>,
+    /// Containment (see `clone.rs`): the cgroup v2 directory the child is cloned into,
+    /// the v1 cgroup directories it joins before exec, and the rlimits it sets.
+    pub cgroup: Option<RawFd>,
+    pub join_cgroups: Vec<RawFd>,
+    /// `(resource, soft, hard)`.
+    pub rlimits: Vec<(u32, u64, u64)>,
 }
 
 /// The parent's ends of the child's stdio pipes.
@@ -55,44 +63,7 @@ struct ChildArgs {
     landlock_fd: RawFd,
     /// Highest fd to mark close-on-exec when `close_range` is unavailable.
     max_fd: RawFd,
-}
-
-fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-/// A pipe whose both ends are close-on-exec.
-fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1 as RawFd; 2];
-    // SAFETY: `fds` is a valid two-element array for pipe2 to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded, so both fds are fresh and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Moves `fd` above the stdio range so that the child's `dup2` onto 0..2 never aliases it
-/// (a harness that closed its own stdin would otherwise get pipe fds 0..2 back).
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd that we then own.
-    let new = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) })?;
-    // SAFETY: `new` was just returned by fcntl and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
-}
-
-pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a valid fd only change its status flags.
-    unsafe {
-        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
-        cvt(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-    }
-    Ok(())
+    contain: ChildContain,
 }
 
 fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
@@ -113,7 +84,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let stderr_w = above_stdio(stderr_w).map_err(pipe_err)?;
     let report_w = above_stdio(report_w).map_err(pipe_err)?;
     for fd in [&stdin_w, &stdout_r, &stderr_r] {
-        set_nonblocking(fd.as_raw_fd()).map_err(pipe_err)?;
+        set_nonblocking(fd).map_err(pipe_err)?;
     }
 
     let argv = null_terminated(&plan.argv);
@@ -133,6 +104,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         report_fd: report_w.as_raw_fd(),
         landlock_fd: plan.landlock_ruleset.unwrap_or(-1),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
+        contain: ChildContain::new(&plan.join_cgroups, &plan.rlimits),
     };
 
     let mut stack = vec![0u8; CHILD_STACK_BYTES];
@@ -151,20 +123,8 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
-    // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
-    // and `stack`) outlives the call: CLONE_VFORK suspends us until the child has exec'd or
-    // exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top as *mut c_void,
-            flags,
-            &args as *const ChildArgs as *mut c_void,
-            &mut pidfd as *mut libc::c_int,
-        )
-    };
-    let clone_error = io::Error::last_os_error();
+    let mut args = args;
+    let (pid, clone_error) = clone_child(plan.cgroup, &mut args, top as *mut c_void, &mut pidfd);
     // SAFETY: restores the mask saved above on this thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
@@ -193,6 +153,35 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             stderr: stderr_r,
         },
     })
+}
+
+/// Clones the child with vfork semantics: into `cgroup` with clone3 where the kernel has
+/// it, else with clone (the child then joins the cgroup itself before anything else).
+fn clone_child(
+    cgroup: Option<RawFd>,
+    args: &mut ChildArgs,
+    top: *mut c_void,
+    pidfd: &mut libc::c_int,
+) -> (libc::pid_t, io::Error) {
+    let arg = args as *mut ChildArgs as *mut c_void;
+    if let Some(fd) = cgroup {
+        // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
+        let ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd) };
+        if ret >= 0 {
+            return (ret as libc::pid_t, io::Error::from_raw_os_error(0));
+        }
+        let errno = (-ret) as i32;
+        if errno != libc::ENOSYS && errno != libc::E2BIG {
+            return (-1, io::Error::from_raw_os_error(errno));
+        }
+        args.contain = args.contain.with_join_v2(fd);
+    }
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+    // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
+    // and `stack`) outlives the call: CLONE_VFORK suspends us until the child has exec'd or
+    // exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
+    let pid = unsafe { libc::clone(child_main, top, flags, arg, pidfd as *mut libc::c_int) };
+    (pid, io::Error::last_os_error())
 }
 
 /// Reads the child's 8-byte failure report, if it sent one.
@@ -282,6 +271,10 @@ extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
 fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
     // SAFETY (whole function): raw syscalls on memory prepared by the parent; each failure
     // leaves errno set for `child_main` to report.
+    // SAFETY: raw syscalls on the parent's data, before anything else can fork.
+    if !unsafe { crate::clone::child_join_cgroups(&args.contain) } {
+        return Err(SpawnStage::Contain);
+    }
     unsafe {
         // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
         // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
@@ -325,6 +318,10 @@ fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
             for fd in 3..=args.max_fd {
                 libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
             }
+        }
+
+        if !crate::clone::child_set_rlimits(&args.contain) {
+            return Err(SpawnStage::Contain);
         }
 
         if args.landlock_fd >= 0 {

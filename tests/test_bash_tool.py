@@ -16,9 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes import FakeExecutor, run_result
-from shellseam import LocalShellExecutor, SubprocessService, parse_exit_status
+from shellseam import (
+    LocalShellExecutor,
+    ManagedEnvContributor,
+    ManagedEnvRegistry,
+    SubprocessService,
+    parse_exit_status,
+)
 from shellseam.abort import AbortController
-from shellseam.env import ManagedEnvContributor, ManagedEnvRegistry
 from shellseam.errors import (
     DISPOSED,
     INVALID_REQUEST,

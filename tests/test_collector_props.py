@@ -29,7 +29,9 @@ def test_tail_truncation_and_spill(chunks: list[bytes], cap: int, spill_cap: int
         for chunk in chunks:
             c.push(chunk)
         stream = b"".join(chunks)
-        text, truncated, spill_path, total, spill_truncated = c.collected()
+        got = c.collected()
+        text, truncated, spill_path = got.text, got.truncated, got.spill_path
+        total, spill_truncated = got.total_bytes, got.spill_truncated
         assert total == len(stream)
         assert c.tail_bytes() == stream[-cap:]
         assert truncated == (len(stream) > cap)
@@ -82,12 +84,14 @@ def test_consuming_reads_deliver_each_kept_byte_once(
             if total - cap > read_pos:
                 expect_lossy = True
             if i < len(reads) and reads[i]:
-                text, lossy, _ = c.read(False)
+                got = c.read(False)
+                text, lossy = got.text, got.lossy
                 delivered.append(text)
                 lossy_seen |= lossy
                 # A read consumes everything but a held-back incomplete character.
                 read_pos = total - _incomplete_suffix(b"".join(chunks[: i + 1]))
-        text, lossy, _ = c.read(True)
+        got = c.read(True)
+        text, lossy = got.text, got.lossy
         delivered.append(text)
         lossy_seen |= lossy
         stream = b"".join(chunks)
@@ -98,4 +102,4 @@ def test_consuming_reads_deliver_each_kept_byte_once(
             assert all("\ufffd" not in d for d in delivered)
         else:
             assert "".join(delivered).endswith(_utf8_tail(stream[-cap:])[-1:] if stream else "")
-        assert c.read(True)[0] == ""
+        assert c.read(True).text == ""

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from shellseam.env import ManagedEnvContributor, ManagedEnvRegistry
+from shellseam import ManagedEnvContributor, ManagedEnvRegistry
 from shellseam.tool.context import ToolContext
 
 CTX = ToolContext(session_id="sess-1", session_cwd="/work")

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from fakes import FakeExecutor
-from shellseam import SandboxShellExecutor, SubprocessService, landlock_abi
+from shellseam import ManagedEnvRegistry, SandboxShellExecutor, SubprocessService, landlock_abi
 from shellseam.abort import AbortController
-from shellseam.env import ManagedEnvRegistry
 from shellseam.tasks import TaskRuntime
 from shellseam.tool import (
     ApprovalDecision,

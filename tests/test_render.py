@@ -158,12 +158,13 @@ signal_names = st.text(
 
 @st.composite
 def run_results(draw: st.DrawFn) -> ShellRunResult:
-    killed = draw(st.booleans())
+    ending = draw(st.sampled_from(["exit", "signal", "unknown"]))
     return result(
         stdout=draw(texts),
         stderr=draw(texts),
-        exit_code=None if killed else draw(st.integers(-255, 255)),
-        signal=draw(signal_names) if killed else None,
+        exit_code=draw(st.integers(-255, 255)) if ending == "exit" else None,
+        signal=draw(signal_names) if ending == "signal" else None,
+        exit_status_unknown=ending == "unknown",
         timed_out=draw(st.booleans()),
         timeout_ms=draw(st.integers(1, 10**9)),
         leftover_killed=draw(st.integers(0, 5)),
@@ -182,7 +183,10 @@ def run_results(draw: st.DrawFn) -> ShellRunResult:
 def test_parse_inverts_render(r: ShellRunResult) -> None:
     rendered = render_result(r)
     body, status = parse_exit_status(rendered)
-    if r.signal is not None:
+    if r.exit_status_unknown:
+        assert status == {"unknown": True}
+        marker = "[exit status unknown]"
+    elif r.signal is not None:
         assert status == {"signal": r.signal}
         marker = f"[killed by signal: {r.signal}]"
     else:

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from fakes import FakeExecutor, FakeProcess
-from shellseam import LocalShellExecutor, SubprocessService
+from shellseam import LocalShellExecutor, ManagedEnvRegistry, SubprocessService
 from shellseam.abort import AbortController
-from shellseam.env import ManagedEnvRegistry
 from shellseam.tasks import TaskRuntime
 from shellseam.tool import BashTool, ToolContext, ToolResult, task_tools
 

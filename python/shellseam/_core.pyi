@@ -1,32 +1,137 @@
-"""Type stubs of the native core (``rust/bindings.rs``); checked by ``mypy.stubtest``."""
+"""Type stubs of the native core (``rust/bindings/``); checked by ``mypy.stubtest``."""
 
 from os import PathLike
 from typing import final
 
 __all__ = [
+    "Collected",
     "Collector",
+    "ContainmentFacts",
     "DisposedError",
     "Env",
     "EnvBuilder",
+    "Finished",
+    "NativeError",
     "Notifier",
+    "Outcome",
     "Proc",
+    "ReadDelta",
+    "Resources",
     "Ruleset",
+    "Rusage",
     "SandboxError",
     "SpawnError",
     "Supervisor",
+    "_keeper_main",
     "build_ruleset",
+    "containment_facts",
     "landlock_abi",
     "landlock_fs_rights",
     "landlock_missing",
 ]
 
-_Collected = tuple[str, bool, str | None, int, bool]
-_Delta = tuple[str, bool, str | None]
-_Outcome = tuple[int | None, int | None, float, int, bool, float, float, int]
+class NativeError(Exception):
+    """A failure of the native core.
 
-class SpawnError(Exception): ...
-class DisposedError(Exception): ...
-class SandboxError(Exception): ...
+    ``args`` is ``(code, message, errno, stage)``: ``code`` the ``ShellError`` code,
+    ``errno`` the OS error number (0 when none), ``stage`` where a spawn failed (or None).
+    """
+
+    args: tuple[str, str, int, str | None]
+
+class SpawnError(NativeError):
+    """A spawn failed (``SPAWN_FAILED``; ``SANDBOX_UNAVAILABLE`` at stage ``"sandbox"``)."""
+
+class DisposedError(NativeError):
+    """The service has been disposed (``DISPOSED``)."""
+
+class SandboxError(NativeError):
+    """A Landlock ruleset could not be built (``SANDBOX_UNAVAILABLE``)."""
+
+@final
+class Rusage:
+    """Resource usage of a process's leader as ``wait4`` reported it (zeros when unknown)."""
+
+    @property
+    def user_cpu_ms(self) -> float:
+        """CPU time in user mode, in milliseconds."""
+    @property
+    def system_cpu_ms(self) -> float:
+        """CPU time in the kernel on the leader's behalf, in milliseconds."""
+    @property
+    def max_rss_kib(self) -> int:
+        """Peak resident set size of the leader, in KiB."""
+
+@final
+class Outcome:
+    """How a process ended."""
+
+    @property
+    def exit_code(self) -> int | None:
+        """The leader's exit code; None when a signal killed it or the status is unknown."""
+    @property
+    def signal(self) -> int | None:
+        """The number of the signal that killed the leader, if one did."""
+    @property
+    def exit_status_unknown(self) -> bool:
+        """Somebody else reaped the leader (a stray ``waitpid(-1)``): its status is lost."""
+    @property
+    def duration_ms(self) -> float:
+        """From spawn to settlement (drain and leftover reaping included)."""
+    @property
+    def leftover_killed(self) -> int:
+        """Processes left in the group after the drain that the supervisor terminated."""
+    @property
+    def kill_requested(self) -> bool:
+        """A kill was requested (timeout, abort, ``kill()`` or disposal)."""
+    @property
+    def rusage(self) -> Rusage:
+        """The leader's resource usage (zeros when its status was lost)."""
+
+@final
+class Collected:
+    """One stream as collected so far: its (tail) text and how to recover the rest."""
+
+    @property
+    def text(self) -> str:
+        """The kept tail, valid UTF-8 (invalid bytes replaced)."""
+    @property
+    def truncated(self) -> bool:
+        """Bytes were dropped from ``text``."""
+    @property
+    def spill_path(self) -> str | None:
+        """The file holding the stream from byte 0, once it outgrew the cap."""
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the stream produced."""
+    @property
+    def spill_truncated(self) -> bool:
+        """The stream outgrew the spill cap: the file holds only its head."""
+
+@final
+class ReadDelta:
+    """One consuming read of a stream."""
+
+    @property
+    def text(self) -> str:
+        """Output since the previous read (a trailing incomplete character waits)."""
+    @property
+    def lossy(self) -> bool:
+        """Unread bytes were dropped from memory since the previous read."""
+    @property
+    def spill_path(self) -> str | None:
+        """The stream's spill file, where dropped bytes can still be read."""
+
+@final
+class Finished:
+    """A finished process: its outcome and both collected streams, taken together."""
+
+    @property
+    def outcome(self) -> Outcome: ...
+    @property
+    def stdout(self) -> Collected: ...
+    @property
+    def stderr(self) -> Collected: ...
 
 @final
 class Notifier:
@@ -69,17 +174,23 @@ class Proc:
     def kill(self) -> bool: ...
     def wait(self, timeout: float | None = None) -> bool: ...
     def subscribe(self, notifier: Notifier) -> None: ...
-    def outcome(self) -> _Outcome | None: ...
-    def result(self) -> tuple[_Outcome, _Collected, _Collected] | None: ...
-    def collected(self) -> tuple[_Collected, _Collected]: ...
-    def read(self) -> tuple[_Delta, _Delta]: ...
+    def outcome(self) -> Outcome | None:
+        """How it ended, or None while running."""
+    def result(self) -> Finished | None:
+        """The outcome and both collected streams in one call, or None while running."""
+    def collected(self) -> tuple[Collected, Collected]:
+        """Both streams as collected so far: (stdout, stderr)."""
+    def read(self) -> tuple[ReadDelta, ReadDelta]:
+        """Consuming read of both streams: (stdout, stderr)."""
+    def resources(self) -> Resources | None:
+        """Containment facts, or None while running."""
 
 @final
 class Collector:
     def __new__(cls, cap: int, spill_cap: int, spill_parent: str | PathLike[str]) -> Collector: ...
     def push(self, chunk: bytes) -> None: ...
-    def collected(self) -> _Collected: ...
-    def read(self, final_read: bool = False) -> _Delta: ...
+    def collected(self) -> Collected: ...
+    def read(self, final_read: bool = False) -> ReadDelta: ...
     def tail_bytes(self) -> bytes: ...
 
 @final
@@ -90,8 +201,56 @@ class Ruleset:
     def missing(self) -> list[str]: ...
 
 @final
+class Resources:
+    """Containment facts of one finished call."""
+
+    @property
+    def cgroup(self) -> bool: ...
+    @property
+    def tree_memory(self) -> bool: ...
+    @property
+    def tree_processes(self) -> bool: ...
+    @property
+    def tree_cpu(self) -> bool: ...
+    @property
+    def limit_exceeded(self) -> str | None: ...
+    @property
+    def peak_memory_bytes(self) -> int | None: ...
+    @property
+    def cpu_ms(self) -> float | None: ...
+
+@final
+class ContainmentFacts:
+    """What this host offers for containment."""
+
+    @property
+    def cgroup(self) -> bool: ...
+    @property
+    def memory(self) -> bool: ...
+    @property
+    def pids(self) -> bool: ...
+    @property
+    def cgroup_root(self) -> str | None: ...
+    @property
+    def memory_controller(self) -> str | None: ...
+    @property
+    def pids_controller(self) -> str | None: ...
+    @property
+    def reason(self) -> str | None: ...
+
+_Limits = tuple[int | None, int | None, int | None, int | None, int | None]
+
+@final
 class Supervisor:
-    def __new__(cls, spill_parent: str | PathLike[str]) -> Supervisor: ...
+    def __new__(
+        cls,
+        spill_parent: str | PathLike[str],
+        keeper: tuple[bytes, list[bytes]] | None = None,
+        keep_spill: bool = False,
+    ) -> Supervisor: ...
+    @property
+    def keeper_pid(self) -> int | None: ...
+    def has_cgroups(self) -> bool: ...
     @property
     def spill_dir(self) -> str | None: ...
     @property
@@ -113,6 +272,8 @@ class Supervisor:
         spill_cap: int,
         grace_ms: int,
         ruleset: Ruleset | None = None,
+        limits: _Limits = ...,
+        cgroup: bool = True,
     ) -> Proc: ...
     def begin_dispose(self) -> list[Proc]: ...
     def dispose(self, keep_spill: bool = False) -> None: ...
@@ -121,3 +282,5 @@ def build_ruleset(writable_roots: list[str], network: bool) -> Ruleset: ...
 def landlock_abi() -> int: ...
 def landlock_missing(network: bool) -> list[str]: ...
 def landlock_fs_rights() -> list[str]: ...
+def containment_facts() -> ContainmentFacts: ...
+def _keeper_main(fd: int) -> int: ...

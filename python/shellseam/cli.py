@@ -17,8 +17,9 @@ import tempfile
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import _core
+from . import service as _service
 from .errors import INVALID_REQUEST, ShellError
+from .limits import containment_report
 from .local import LocalShellExecutor
 from .render import render_result
 from .sandbox import SandboxShellExecutor, enforcement_for, landlock_abi
@@ -120,7 +121,7 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
     abi = landlock_abi()
     print(f"landlock abi: {abi}" + ("" if abi else " (no Landlock: confined modes fail closed)"))
     if abi:
-        print(f"kernel fs rights: {', '.join(_core.landlock_fs_rights())}")
+        print(f"kernel fs rights: {', '.join(_service.landlock_fs_rights())}")
     for mode in SANDBOX_MODES:
         for network in (True, False):
             if mode == "danger-full-access" and not network:
@@ -130,10 +131,11 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
                 print(f"mode {label}: nothing confined")
                 continue
             enforcement = enforcement_for(mode, network)
-            missing = _core.landlock_missing(network)
+            missing = _service.landlock_missing(network)
             detail = "" if not missing else " — missing: " + "; ".join(missing)
             print(f"mode {label}: {enforcement}{detail}")
     print(f"spill parent: {tempfile.gettempdir()} (one private 0700 directory per service)")
+    print("\n".join(containment_report()))
     ex = LocalShellExecutor()
     print(
         "defaults: "

@@ -14,16 +14,17 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
+from .checks import wait_timeout
+from .render import render_delta, render_spawn_failure
+from .types import ProcessStatus, ShellProcessRead, ShellResources, ShellSandboxInfo
 
 if TYPE_CHECKING:
-    from . import _core
-    from .service import SubprocessService
-
-STDERR_SECTION = "\n[stderr]\n"
+    from .service import ManagedProcess
 
 #: Derives the sandbox facts of a settled process from its exit code and stderr tail.
 SandboxStamp = Callable[[int | None, str], ShellSandboxInfo]
+#: Derives the resources of a settled process (None while it runs).
+ResourcesStamp = Callable[["ManagedProcess"], ShellResources | None]
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -36,24 +37,18 @@ def signal_name(signum: int | None) -> str | None:
         return f"SIG{signum}"
 
 
-def merge_delta(stdout: str, stderr: str) -> str:
-    """The background read format: stdout, then stderr in a marked section if any."""
-    return stdout + (STDERR_SECTION + stderr if stderr else "")
-
-
 class ShellProcess:
     """A background process handle (see SPEC §2)."""
 
     def __init__(
         self,
         *,
-        service: SubprocessService,
-        proc: _core.Proc | None,
+        proc: ManagedProcess | None,
         spawn_failure: str | None = None,
         sandbox_stamp: SandboxStamp | None = None,
         failed_sandbox: ShellSandboxInfo | None = None,
+        resources_stamp: ResourcesStamp | None = None,
     ) -> None:
-        self._service = service
         self._proc = proc
         self._failure = spawn_failure
         self._failure_delivered = False
@@ -61,6 +56,8 @@ class ShellProcess:
         self._failed_sandbox = failed_sandbox
         self._lock = threading.Lock()
         self._sandbox: ShellSandboxInfo | None = None
+        self._resources_stamp = resources_stamp
+        self._resources: ShellResources | None = None
 
     # -- state -------------------------------------------------------------------------
 
@@ -72,18 +69,17 @@ class ShellProcess:
         outcome = proc.outcome()
         if outcome is None:
             return "running"
-        _exit_code, signum, _ms, _left, kill_requested, *_ = outcome
-        return "killed" if kill_requested or signum is not None else "completed"
+        return "killed" if outcome.kill_requested or outcome.signal is not None else "completed"
 
     @property
     def exit_code(self) -> int | None:
         outcome = self._proc.outcome() if self._proc is not None else None
-        return None if outcome is None else outcome[0]
+        return None if outcome is None else outcome.exit_code
 
     @property
     def signal(self) -> str | None:
         outcome = self._proc.outcome() if self._proc is not None else None
-        return None if outcome is None else signal_name(outcome[1])
+        return None if outcome is None else signal_name(outcome.signal)
 
     @property
     def sandbox(self) -> ShellSandboxInfo | None:
@@ -96,9 +92,19 @@ class ShellProcess:
                 outcome = self._proc.outcome()
                 if outcome is None:
                     return None
-                stderr_tail = self._proc.collected()[1][0]
-                self._sandbox = self._stamp(outcome[0], stderr_tail)
+                stderr_tail = self._proc.collected()[1].text
+                self._sandbox = self._stamp(outcome.exit_code, stderr_tail)
             return self._sandbox
+
+    @property
+    def resources(self) -> ShellResources | None:
+        """Containment and limit facts; None while running and for a spawn failure."""
+        if self._proc is None or self._resources_stamp is None:
+            return None
+        with self._lock:
+            if self._resources is None:
+                self._resources = self._resources_stamp(self._proc)
+            return self._resources
 
     # -- reading -----------------------------------------------------------------------
 
@@ -108,16 +114,16 @@ class ShellProcess:
             with self._lock:
                 first = not self._failure_delivered
                 self._failure_delivered = True
-            delta = f"spawn failed: {self._failure}" if first and self._failure else ""
+            delta = render_spawn_failure(self._failure) if first and self._failure else ""
             return ShellProcessRead(delta=delta, lossy=False)
-        (out, out_lossy, out_spill), (err, err_lossy, err_spill) = self._proc.read()
+        out, err = self._proc.read()
         return ShellProcessRead(
-            delta=merge_delta(out, err),
-            lossy=out_lossy or err_lossy,
+            delta=render_delta(out.text, err.text),
+            lossy=out.lossy or err.lossy,
             # A path is given for each stream that lost bytes, so that every lossy marker a
             # reader renders names a stream that really dropped something.
-            stdout_spill_path=out_spill if out_lossy else None,
-            stderr_spill_path=err_spill if err_lossy else None,
+            stdout_spill_path=out.spill_path if out.lossy else None,
+            stderr_spill_path=err.spill_path if err.lossy else None,
         )
 
     # -- control -----------------------------------------------------------------------
@@ -129,15 +135,17 @@ class ShellProcess:
     async def wait(self) -> None:
         """Resolves when settled; never raises (cancellation aside)."""
         if self._proc is not None:
-            await self._service.wait_async(self._proc)
+            await self._proc.wait_async()
         else:
             await asyncio.sleep(0)
 
     def wait_sync(self, timeout: float | None = None) -> bool:
-        """Blocks until settled or ``timeout`` seconds pass; True when settled."""
+        """Blocks until settled or ``timeout`` seconds pass (None or infinity: no timeout);
+        True when settled."""
+        limit = wait_timeout(timeout)
         if self._proc is None:
             return True
-        return self._proc.wait(timeout)
+        return self._proc.wait(limit)
 
     def add_done_callback(self, cb: Callable[[ShellProcess], None]) -> None:
         """Calls ``cb(self)`` once settled: at once if it is, else from the service's
@@ -145,7 +153,7 @@ class ShellProcess:
         if self._proc is None:
             cb(self)
             return
-        self._service.add_done_callback(self._proc, lambda: cb(self))
+        self._proc.add_done_callback(lambda: cb(self))
 
     def __repr__(self) -> str:
         pid = self._proc.pid if self._proc is not None else None

@@ -3,27 +3,50 @@
 ``render_result`` turns a foreground ``ShellRunResult`` into text whose last line is the
 exit-status marker; ``parse_exit_status`` inverts that marker for presenters (terminal cards
 show the status as a separate pill). The background strings (start acknowledgement, status
-details, lossy-read markers) live here too, so every model-facing shell string has one home.
+details, lossy-read markers), the task tools' lines, completion notices, tool errors and
+the ``bash`` tool's prompt text live here too, so every model-facing string has one home.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
-from typing import TypedDict
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
-from .types import CollectedOutput, ShellRunResult
+from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED
+from .types import CollectedOutput, ShellResources, ShellRunResult
+
+if TYPE_CHECKING:
+    from .tasks import TaskInfo, TaskRead
+
+#: The ``tool:bash`` system-prompt section (SPEC §5).
+PROMPT_TEXT = (
+    "Check the [exit code: N] marker on every bash result; investigate failures before moving on."
+)
+#: What a background read puts between new stdout and new stderr.
+STDERR_SECTION = "\n[stderr]\n"
+NO_OUTPUT = "(no output)"
+TOOL_CALL_ABORTED = "tool call aborted"
+
+_SHELL_ERROR_PREFIX = {
+    SPAWN_FAILED: "spawn failed",
+    SANDBOX_UNAVAILABLE: "sandbox unavailable",
+    INVALID_REQUEST: "invalid request",
+    DISPOSED: "shell service disposed",
+}
 
 _EXIT_MARKER = re.compile(r"\[exit code: (-?[0-9]+)\]")
 _SIGNAL_MARKER = re.compile(r"\[killed by signal: (.+)\]")
+EXIT_STATUS_UNKNOWN_MARKER = "[exit status unknown]"
 
 
 class ExitStatus(TypedDict, total=False):
-    """A parsed final marker: exactly one key, ``exit_code`` or ``signal``."""
+    """A parsed final marker: exactly one key, ``exit_code``, ``signal`` or ``unknown``."""
 
     exit_code: int
     signal: str
+    unknown: bool
 
 
 def join_parts(parts: Iterable[str]) -> str:
@@ -55,12 +78,17 @@ def _truncation_marker(stream: CollectedOutput) -> str:
     return f"[output truncated; first {saved_bytes} bytes saved: {stream.spill_path}]"
 
 
-def _exit_status_marker(exit_code: int | None, signal: str | None) -> str | None:
+def _exit_status_marker(
+    exit_code: int | None, signal: str | None, unknown: bool = False
+) -> str | None:
     """The final marker line for a termination, or None when there is nothing to report.
 
-    A signal wins over an exit code. Neither is set only for a run that never spawned (its
-    abort signal had already fired): no status is invented for it.
+    A status reaped by someone else is said to be unknown; a signal wins over an exit
+    code. Neither is set otherwise only for a run that never spawned (its abort signal had
+    already fired): no status is invented for it.
     """
+    if unknown:
+        return EXIT_STATUS_UNKNOWN_MARKER
     if signal is not None:
         return f"[killed by signal: {signal}]"
     if exit_code is not None:
@@ -68,11 +96,27 @@ def _exit_status_marker(exit_code: int | None, signal: str | None) -> str | None
     return None
 
 
+def _limit_marker(resources: ShellResources | None) -> str | None:
+    """The marker of the limit a call hit, quoting the call's effective limit."""
+    if resources is None or resources.limit_exceeded is None:
+        return None
+    limits = resources.limits
+    match resources.limit_exceeded:
+        case "memory":
+            return f"[killed: memory limit of {limits.memory_bytes} bytes exceeded]"
+        case "cpu":
+            return f"[killed: cpu limit of {limits.cpu_ms}ms exceeded]"
+        case "processes":
+            return f"[process limit of {limits.max_processes} reached; some forks failed]"
+        case "file_size":
+            return f"[file size limit of {limits.file_size_bytes} bytes reached]"
+
+
 def render_result(result: ShellRunResult) -> str:
     """Render a foreground result exactly as SPEC §5 "Rendering" orders it.
 
     stdout; ``[stderr]`` + stderr; ``(no output)`` when both are empty; truncation markers
-    (stdout first); the sandbox-denial, timeout and leftover-process markers; and last the
+    (stdout first); the sandbox-denial, timeout, limit and leftover-process markers; and last the
     exit-status marker, without a trailing newline. The only I/O: a capped spill file's
     saved size is read from the file, since the result does not carry the spill cap.
     """
@@ -81,17 +125,20 @@ def render_result(result: ShellRunResult) -> str:
     if stderr.text:
         parts += ["[stderr]", stderr.text]
     if not stdout.text and not stderr.text:
-        parts.append("(no output)")
+        parts.append(NO_OUTPUT)
     parts += [_truncation_marker(s) for s in (stdout, stderr) if s.truncated]
     if result.sandbox is not None and result.sandbox.denied:
         parts.append(f"[sandbox: file access denied under {result.sandbox.mode} mode]")
     if result.timed_out:
         parts.append(f"[timed out after {result.timeout_ms}ms]")
+    limit = _limit_marker(result.resources)
+    if limit is not None:
+        parts.append(limit)
     if result.leftover_killed == 1:
         parts.append("[stopped 1 leftover background process]")
     elif result.leftover_killed > 1:
         parts.append(f"[stopped {result.leftover_killed} leftover background processes]")
-    final = _exit_status_marker(result.exit_code, result.signal)
+    final = _exit_status_marker(result.exit_code, result.signal, result.exit_status_unknown)
     if final is not None:
         parts.append(final)
     return join_parts(parts)
@@ -102,7 +149,8 @@ def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
 
     Only the last line is examined. When it is exactly ``[exit code: N]`` the status is
     ``{"exit_code": N}``; when it is exactly ``[killed by signal: NAME]`` it is
-    ``{"signal": NAME}``; ``body`` is then the text before that line without the newline
+    ``{"signal": NAME}``; when it is exactly ``[exit status unknown]`` it is
+    ``{"unknown": True}``; ``body`` is then the text before that line without the newline
     preceding it. Otherwise the status is None and ``body`` is ``text`` unchanged.
 
     Known presentation-only residue (as in the seed): the parser cannot tell a rendered
@@ -117,6 +165,8 @@ def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
         return body, {"exit_code": int(m.group(1))}
     if m := _SIGNAL_MARKER.fullmatch(last):
         return body, {"signal": m.group(1)}
+    if last == EXIT_STATUS_UNKNOWN_MARKER:
+        return body, {"unknown": True}
     return text, None
 
 
@@ -152,3 +202,67 @@ def render_lossy_markers(
     if not paths:
         return ["[some output was dropped from memory; full output unavailable]"]
     return [f"[some output was dropped from memory; full output: {p}]" for p in paths]
+
+
+def render_delta(stdout: str, stderr: str) -> str:
+    """A background read's delta: stdout, then stderr in a marked section if any."""
+    return stdout + (STDERR_SECTION + stderr if stderr else "")
+
+
+def render_spawn_failure(reason: str) -> str:
+    """The one delta of a background start whose spawn failed."""
+    return f"spawn failed: {reason}"
+
+
+def render_shell_error(code: str, reason: str) -> str:
+    """An infrastructure failure as the tool reports it: ``spawn failed: <reason>`` etc."""
+    prefix = _SHELL_ERROR_PREFIX.get(code, code.lower().replace("_", " "))
+    return f"{prefix}: {reason}"
+
+
+def render_error(message: str) -> str:
+    """A tool error as the model sees it."""
+    return f"Error: {message}"
+
+
+def bash_tool_description(prefix: str) -> str:
+    """The ``bash`` tool's description; ``prefix`` is the managed-environment prefix."""
+    return (
+        "Run a bash command in a fresh non-interactive shell and return its stdout, a "
+        "[stderr] section and a final [exit code: N] or [killed by signal: NAME] "
+        "marker. Long output keeps its tail and links the full output file. Commands "
+        f"receive trusted ${prefix}* environment variables (such as ${prefix}HOME and "
+        f"${prefix}SESSION_ID) that identify the harness and the session."
+    )
+
+
+# -- task tools and notices --------------------------------------------------------------
+
+
+def render_notice(task_id: str, status: str) -> str:
+    """The completion notice a harness injects for the model."""
+    return f"background task {task_id} finished: {status}"
+
+
+def render_no_such_task(task_id: str) -> str:
+    return f"no such task: {task_id}"
+
+
+def render_task_read(read: TaskRead) -> str:
+    """Status line, the new output, then one lossy marker per lossy stream."""
+    status = f"task {read.id}: {read.status}"
+    termination = render_termination(read.exit_code, read.signal)
+    if termination:
+        status += f", {termination}"
+    markers = render_lossy_markers(read.lossy, read.stdout_spill_path, read.stderr_spill_path)
+    return join_parts([status, read.delta, *markers])
+
+
+def render_task_list(infos: Sequence[TaskInfo]) -> str:
+    """One line per task (id, status, description), or ``(no tasks)``."""
+    lines = [f"{i.id}  {i.status}  {i.description}" for i in infos]
+    return "\n".join(lines) if lines else "(no tasks)"
+
+
+def render_task_kill(task_id: str, killed: bool) -> str:
+    return f"killed task {task_id}" if killed else f"task {task_id} had already finished"

@@ -13,9 +13,10 @@ import os
 import threading
 from typing import Any
 
-from . import _core
-from .errors import SANDBOX_UNAVAILABLE, ShellError
+from . import service
+from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import LocalShellExecutor
+from .service import Ruleset
 from .types import (
     SANDBOX_MODES,
     SandboxEnforcement,
@@ -45,7 +46,7 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 def landlock_abi() -> int:
     """The running kernel's Landlock ABI (0: none)."""
-    return _core.landlock_abi()
+    return service.landlock_abi()
 
 
 def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforcement | None:
@@ -53,7 +54,7 @@ def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforceme
     requested feature, or Landlock altogether, is missing); None when nothing is confined."""
     if mode == "danger-full-access":
         return None
-    return "partial" if _core.landlock_missing(network) else "full"
+    return "partial" if service.landlock_missing(network) else "full"
 
 
 class SandboxShellExecutor(LocalShellExecutor):
@@ -61,19 +62,19 @@ class SandboxShellExecutor(LocalShellExecutor):
 
     def __init__(self, *, mode: SandboxMode = "workspace-write", **config: Any) -> None:
         if mode not in SANDBOX_MODES:
-            raise ShellError("INVALID_REQUEST", f"unknown sandbox mode {mode!r}")
+            raise ShellError(INVALID_REQUEST, f"unknown sandbox mode {mode!r}")
         super().__init__(**config)
         self.default_mode: SandboxMode = mode
         self.sandbox_mode = mode
-        self._rulesets: dict[object, _core.Ruleset] = {}
+        self._rulesets: dict[object, Ruleset] = {}
         self._rulesets_lock = threading.Lock()
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy:
         if policy is not None:
             if policy.mode not in SANDBOX_MODES:
-                raise ShellError("INVALID_REQUEST", f"unknown sandbox mode {policy.mode!r}")
+                raise ShellError(INVALID_REQUEST, f"unknown sandbox mode {policy.mode!r}")
             if not os.path.isabs(policy.workspace_root):
-                raise ShellError("INVALID_REQUEST", "workspace_root must be absolute")
+                raise ShellError(INVALID_REQUEST, "workspace_root must be absolute")
             return policy
         return SandboxPolicy(mode=self.default_mode, workspace_root=self.cwd)
 
@@ -87,7 +88,7 @@ class SandboxShellExecutor(LocalShellExecutor):
     def _policy(self, spec: ShellExecSpec) -> SandboxPolicy:
         return spec.sandbox_policy or self._stamp_policy(None)
 
-    def _ruleset(self, spec: ShellExecSpec) -> _core.Ruleset | None:
+    def _ruleset(self, spec: ShellExecSpec) -> Ruleset | None:
         policy = self._policy(spec)
         if policy.mode == "danger-full-access":
             return None
@@ -106,10 +107,7 @@ class SandboxShellExecutor(LocalShellExecutor):
             cached = self._rulesets.get(key)
         if cached is not None:
             return cached
-        try:
-            ruleset = _core.build_ruleset(roots, policy.network)
-        except _core.SandboxError as err:
-            raise ShellError(SANDBOX_UNAVAILABLE, str(err)) from None
+        ruleset = service.build_ruleset(roots, policy.network)
         with self._rulesets_lock:
             if len(self._rulesets) >= _RULESET_CACHE_SIZE:
                 self._rulesets.pop(next(iter(self._rulesets)))

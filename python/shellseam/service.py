@@ -1,5 +1,9 @@
 """The subprocess service: owner of the native supervisor and of every running process.
 
+This is the one module that talks to the native core (``shellseam._core``): everything
+above it holds a ``ManagedProcess`` (or the opaque environment and ruleset types named
+here) and speaks the SPEC's vocabulary.
+
 Executors share one service (a default one per process when none is given), so a
 background process survives its executor being replaced; ``dispose()`` kills (with
 escalation) and reaps everything still running. Waiting is event-driven without threads
@@ -13,23 +17,174 @@ import asyncio
 import atexit
 import logging
 import os
+import sys
 import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TypeAlias, cast
 
 from . import _core
-from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
+from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_int
+from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
+from .types import ResourceLimits
 
 _log = logging.getLogger("shellseam")
+
+#: The native records a managed process reports (frozen, named fields).
+Outcome: TypeAlias = _core.Outcome
+Collected: TypeAlias = _core.Collected
+ReadDelta: TypeAlias = _core.ReadDelta
+Finished: TypeAlias = _core.Finished
+#: A prepared child environment, the rules that build one, and a prepared Landlock ruleset.
+ChildEnv: TypeAlias = _core.Env
+EnvBuilder: TypeAlias = _core.EnvBuilder
+Ruleset: TypeAlias = _core.Ruleset
+#: Containment facts of a settled call, and of the host.
+NativeResources: TypeAlias = _core.Resources
+HostContainment: TypeAlias = _core.ContainmentFacts
 
 _STAGE_REASONS = {
     "chdir": "cannot change to the working directory",
     "exec": "cannot execute the shell",
     "pipes": "cannot create pipes",
     "clone": "cannot create a process",
+    "supervise": "cannot supervise the process",
     "forked-child": "unusable in a forked child",
+    "contain": "cannot apply the call's cgroup or limits",
 }
+
+#: The keeper process (see rust/keeper.rs): a bare interpreter that loads this extension
+#: from its file, without importing the package or site, and runs its keeper loop on stdin.
+_KEEPER_BOOTSTRAP = """\
+import sys
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+loader = ExtensionFileLoader("shellseam._core", sys.argv[1])
+core = module_from_spec(spec_from_loader("shellseam._core", loader))
+loader.exec_module(core)
+sys.exit(core._keeper_main(0))
+"""
+
+
+def _keeper_command() -> tuple[bytes, list[bytes]] | None:
+    """How to start the keeper; None when this interpreter cannot be re-executed."""
+    executable, library = sys.executable, getattr(_core, "__file__", None)
+    if not executable or not library:
+        return None
+    argv = [executable, "-I", "-S", "-c", _KEEPER_BOOTSTRAP, library]
+    return os.fsencode(executable), [os.fsencode(a) for a in argv]
+
+
+def _limits_tuple(limits: ResourceLimits | None) -> _core._Limits:
+    if limits is None:
+        return (None, None, None, None, None)
+    return (
+        limits.memory_bytes,
+        limits.max_processes,
+        limits.cpu_ms,
+        limits.file_size_bytes,
+        limits.open_files,
+    )
+
+
+def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
+    """The ShellError of a native failure: its code as the core gave it, the reason by stage."""
+    raw_code, message, _errno, stage = err.args
+    code = cast(ShellErrorCode, raw_code)  # the core names only ShellError codes
+    if code == SANDBOX_UNAVAILABLE:
+        return ShellError(code, f"the kernel refused the Landlock ruleset: {message}")
+    if code == DISPOSED:
+        return ShellError(code, "the subprocess service has been disposed")
+    what = _STAGE_REASONS.get(stage, stage) if stage is not None else None
+    if stage == "chdir" and cwd is not None:
+        what = f"{what} {cwd}"
+    return ShellError(code, f"{what}: {message}" if what else message)
+
+
+def host_containment() -> HostContainment:
+    """What this host offers for containment (probes by creating a cgroup parent)."""
+    return _core.containment_facts()
+
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI (0: none)."""
+    return _core.landlock_abi()
+
+
+def landlock_missing(network: bool) -> list[str]:
+    """Requested features this kernel lacks for a confined mode (empty: full enforcement)."""
+    return _core.landlock_missing(network)
+
+
+def landlock_fs_rights() -> list[str]:
+    """Names of the filesystem rights the running kernel can handle."""
+    return _core.landlock_fs_rights()
+
+
+def build_ruleset(writable_roots: list[str], network: bool) -> Ruleset:
+    """A Landlock ruleset for a confined mode; ``ShellError(SANDBOX_UNAVAILABLE)`` when the
+    kernel cannot build it."""
+    try:
+        return _core.build_ruleset(writable_roots, network)
+    except _core.SandboxError as err:
+        raise ShellError(SANDBOX_UNAVAILABLE, str(err.args[1])) from None
+
+
+class ManagedProcess:
+    """One process group of a service: the only owner of its native process."""
+
+    __slots__ = ("_proc", "_service")
+
+    def __init__(self, service: SubprocessService, proc: _core.Proc) -> None:
+        self._service = service
+        self._proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def done(self) -> bool:
+        return self._proc.done
+
+    def kill(self) -> bool:
+        """SIGTERM to the group now, SIGKILL after the grace; False when already settled or
+        a kill is already under way."""
+        return self._proc.kill()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks (GIL released) until settled or ``timeout`` seconds pass (``None`` or
+        infinity: no timeout); True when settled."""
+        return self._proc.wait(timeout)
+
+    async def wait_async(self) -> None:
+        """Resolves when settled, woken by the loop's eventfd (no thread)."""
+        await self._service._wait_async(self._proc)
+
+    def add_done_callback(self, cb: Callable[[], None]) -> None:
+        """Runs ``cb`` once settled: at once if it is, else on the service's dispatcher."""
+        self._service._add_done_callback(self._proc, cb)
+
+    def outcome(self) -> Outcome | None:
+        """How it ended, or None while running."""
+        return self._proc.outcome()
+
+    def result(self) -> Finished | None:
+        """Outcome and both collected streams together, or None while running."""
+        return self._proc.result()
+
+    def collected(self) -> tuple[Collected, Collected]:
+        """(stdout, stderr) as collected so far."""
+        return self._proc.collected()
+
+    def read(self) -> tuple[ReadDelta, ReadDelta]:
+        """Consuming read of (stdout, stderr)."""
+        return self._proc.read()
+
+    def resources(self) -> NativeResources | None:
+        """Containment facts of the settled process, or None while running."""
+        return self._proc.resources()
 
 
 class _LoopWaiters:
@@ -52,7 +207,7 @@ class SubprocessService:
 
     def __init__(self, *, spill_parent: str | None = None, keep_spill: bool = False) -> None:
         parent = spill_parent if spill_parent is not None else tempfile.gettempdir()
-        self._supervisor = _core.Supervisor(parent)
+        self._supervisor = _core.Supervisor(parent, _keeper_command(), keep_spill)
         self.keep_spill = keep_spill
         self._lock = threading.Lock()
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
@@ -74,6 +229,11 @@ class SubprocessService:
         return self._supervisor.spill_dir
 
     @property
+    def keeper_pid(self) -> int | None:
+        """The keeper process's pid, once the first call started it."""
+        return self._supervisor.keeper_pid
+
+    @property
     def running(self) -> int:
         """Processes not yet settled."""
         return self._supervisor.running
@@ -86,21 +246,33 @@ class SubprocessService:
         program: bytes,
         argv: Sequence[bytes],
         cwd: str,
-        env: _core.Env,
+        env: ChildEnv,
         stdin: bytes,
         stdout_cap: int,
         stderr_cap: int,
         spill_cap: int,
         grace_ms: int,
-        ruleset: _core.Ruleset | None = None,
-    ) -> _core.Proc:
-        """Spawns one process group; raises ``ShellError`` with an exact reason."""
+        ruleset: Ruleset | None = None,
+        limits: ResourceLimits | None = None,
+        cgroup: bool = True,
+    ) -> ManagedProcess:
+        """Spawns one process group; raises ``ShellError`` with an exact reason.
+
+        Caps and grace are checked here (``ValueError``/``TypeError`` naming them), so that
+        no value reaches the core as an overflow."""
+        for name, value, maximum in (
+            ("stdout_cap", stdout_cap, MAX_BYTES),
+            ("stderr_cap", stderr_cap, MAX_BYTES),
+            ("spill_cap", spill_cap, MAX_BYTES),
+            ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+        ):
+            config_int(value, name, minimum=0, maximum=maximum)
         try:
             cwd_bytes = os.fsencode(cwd)
         except UnicodeEncodeError as err:
             raise ShellError(INVALID_REQUEST, f"workdir is not encodable: {err.reason}") from None
         try:
-            return self._supervisor.spawn(
+            proc = self._supervisor.spawn(
                 program=program,
                 argv=list(argv),
                 cwd=cwd_bytes,
@@ -111,23 +283,16 @@ class SubprocessService:
                 spill_cap=spill_cap,
                 grace_ms=grace_ms,
                 ruleset=ruleset,
+                limits=_limits_tuple(limits),
+                cgroup=cgroup,
             )
-        except _core.DisposedError:
-            raise ShellError(DISPOSED, "the subprocess service has been disposed") from None
-        except _core.SpawnError as err:
-            stage, _errno, message = err.args
-            if stage == "sandbox":
-                raise ShellError(
-                    SANDBOX_UNAVAILABLE, f"the kernel refused the Landlock ruleset: {message}"
-                ) from None
-            what = _STAGE_REASONS.get(stage, stage)
-            if stage == "chdir":
-                what = f"{what} {cwd}"
-            raise ShellError(SPAWN_FAILED, f"{what}: {message}") from None
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        return ManagedProcess(self, proc)
 
     # -- waiting -----------------------------------------------------------------------
 
-    async def wait_async(self, proc: _core.Proc) -> None:
+    async def _wait_async(self, proc: _core.Proc) -> None:
         """Resolves when ``proc`` is done, woken by the loop's eventfd (no thread)."""
         if proc.done:
             return
@@ -147,7 +312,7 @@ class SubprocessService:
                 if not pending:
                     del waiters.futures[proc.token]
 
-    def add_done_callback(self, proc: _core.Proc, cb: Callable[[], None]) -> None:
+    def _add_done_callback(self, proc: _core.Proc, cb: Callable[[], None]) -> None:
         """Runs ``cb`` once ``proc`` is done: at once if it is, else on the dispatcher."""
         with self._lock:
             if not proc.done:
@@ -202,7 +367,7 @@ class SubprocessService:
     async def aclose(self, keep_spill: bool | None = None) -> None:
         """``dispose()`` without blocking the event loop: awaits the kills, then disposes."""
         for proc in self._supervisor.begin_dispose():
-            await self.wait_async(proc)
+            await self._wait_async(proc)
         self.dispose(keep_spill)
 
 

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from .render import render_no_such_task, render_notice
+
 TaskStatus = Literal["running", "completed", "killed"]
 
 
@@ -60,7 +62,7 @@ class TaskNotFound(KeyError):
         self.task_id = task_id
 
     def __str__(self) -> str:
-        return f"no such task: {self.task_id}"
+        return render_no_such_task(self.task_id)
 
 
 @dataclass(frozen=True)
@@ -114,11 +116,6 @@ def _termination(handle: TaskHandle) -> tuple[TaskStatus, int | None, str | None
     if status == "running":
         return status, None, None
     return status, handle.exit_code, handle.signal
-
-
-def notice_text(task_id: str, status: TaskStatus) -> str:
-    """The completion notice a harness injects for the model."""
-    return f"background task {task_id} finished: {status}"
 
 
 class TaskRuntime:
@@ -224,7 +221,7 @@ class TaskRuntime:
                 task = state.tasks[task_id]
                 task.reported = True
                 assert task.settled_status is not None
-                notices.append(notice_text(task.id, task.settled_status))
+                notices.append(render_notice(task.id, task.settled_status))
             state.pending_notices.clear()
             return notices
 

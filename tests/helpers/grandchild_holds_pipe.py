@@ -5,7 +5,9 @@ import sys
 import time
 
 if os.fork() == 0:
-    print(f"grandchild {os.getpid()}", flush=True)
+    # One write(2) per line: under PYTHONUNBUFFERED print() writes the text and its newline
+    # separately, and the two processes' lines could interleave mid-line.
+    os.write(1, f"grandchild {os.getpid()}\n".encode())
     time.sleep(60)
     sys.exit(0)
-print("parent done", flush=True)
+os.write(1, b"parent done\n")

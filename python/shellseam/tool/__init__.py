@@ -7,6 +7,7 @@ executor: any ``ShellExecutor`` can back ``BashTool``.
 from .approval import ApprovalDecision, ApprovalRequest, ApprovalService, SandboxModeStore
 from .bash import BashTool
 from .context import PromptSection, ToolContext, ToolResult
+from .managed_env import ManagedEnvContributor, ManagedEnvRegistry
 from .tasks import TaskKillTool, TaskListTool, TaskOutputTool, task_tools
 
 __all__ = [
@@ -14,6 +15,8 @@ __all__ = [
     "ApprovalRequest",
     "ApprovalService",
     "BashTool",
+    "ManagedEnvContributor",
+    "ManagedEnvRegistry",
     "PromptSection",
     "SandboxModeStore",
     "TaskKillTool",

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from ..render import render_error
 from .context import ToolResult
 
 
@@ -23,7 +24,7 @@ class ToolInputError(Exception):
 
 def error_result(message: str) -> ToolResult:
     """The one shape of every tool error the model sees."""
-    return ToolResult(f"Error: {message}", is_error=True, details=None)
+    return ToolResult(render_error(message), is_error=True, details=None)
 
 
 def json_repr(value: object) -> str:

@@ -15,10 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..env import ManagedEnvRegistry
-from ..errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
+from ..errors import ShellError
 from ..executor import ShellExecutor
-from ..render import parse_exit_status, render_background_started, render_result
+from ..render import (
+    PROMPT_TEXT,
+    TOOL_CALL_ABORTED,
+    bash_tool_description,
+    parse_exit_status,
+    render_background_started,
+    render_result,
+    render_shell_error,
+)
 from ..tasks import TaskRuntime
 from ..types import SANDBOX_MODES, SandboxMode, SandboxPolicy, ShellExecRequest
 from ._args import (
@@ -30,19 +37,9 @@ from ._args import (
 )
 from .approval import ApprovalRequest, ApprovalService, SandboxModeStore
 from .context import PromptSection, ToolContext, ToolResult
-
-PROMPT_TEXT = (
-    "Check the [exit code: N] marker on every bash result; investigate failures before moving on."
-)
+from .managed_env import ManagedEnvRegistry
 
 _ESCALATION_TARGETS: tuple[SandboxMode, ...] = ("workspace-write", "danger-full-access")
-
-_SHELL_ERROR_PREFIX = {
-    SPAWN_FAILED: "spawn failed",
-    SANDBOX_UNAVAILABLE: "sandbox unavailable",
-    INVALID_REQUEST: "invalid request",
-    DISPOSED: "shell service disposed",
-}
 
 
 def _wider(mode: SandboxMode, than: SandboxMode) -> bool:
@@ -160,13 +157,7 @@ class BashTool:
             }
         return {
             "name": self.name,
-            "description": (
-                "Run a bash command in a fresh non-interactive shell and return its stdout, a "
-                "[stderr] section and a final [exit code: N] or [killed by signal: NAME] "
-                "marker. Long output keeps its tail and links the full output file. Commands "
-                f"receive trusted ${p}* environment variables (such as ${p}HOME and "
-                f"${p}SESSION_ID) that identify the harness and the session."
-            ),
+            "description": bash_tool_description(p),
             "parameters": {
                 "type": "object",
                 "properties": properties,
@@ -185,7 +176,7 @@ class BashTool:
         except ToolInputError as err:
             return error_result(err.message)
         if ctx.signal is not None and ctx.signal.aborted:
-            return error_result("tool call aborted")
+            return error_result(TOOL_CALL_ABORTED)
 
         workdir = call_workdir(call.workdir, ctx.session_cwd)
         policy = None
@@ -212,7 +203,7 @@ class BashTool:
             if denial is not None:
                 return error_result(denial)
             if ctx.signal is not None and ctx.signal.aborted:
-                return error_result("tool call aborted")
+                return error_result(TOOL_CALL_ABORTED)
 
         if call.background:
             assert self.tasks is not None  # checked by _validate
@@ -232,7 +223,7 @@ class BashTool:
         except ShellError as err:
             return _shell_error_result(err)
         if result.aborted or (ctx.signal is not None and ctx.signal.aborted):
-            return error_result("tool call aborted")
+            return error_result(TOOL_CALL_ABORTED)
         return ToolResult(
             render_result(result),
             is_error=False,
@@ -343,5 +334,4 @@ class BashTool:
 
 
 def _shell_error_result(err: ShellError) -> ToolResult:
-    prefix = _SHELL_ERROR_PREFIX.get(err.code, err.code.lower().replace("_", " "))
-    return error_result(f"{prefix}: {err.reason}")
+    return error_result(render_shell_error(err.code, err.reason))

@@ -12,8 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..abort import AbortSignal
-from ..render import join_parts, render_lossy_markers, render_termination
-from ..tasks import TaskNotFound, TaskRead, TaskRuntime
+from ..render import (
+    TOOL_CALL_ABORTED,
+    render_no_such_task,
+    render_task_kill,
+    render_task_list,
+    render_task_read,
+)
+from ..tasks import TaskNotFound, TaskRuntime
 from ._args import (
     ToolInputError,
     error_result,
@@ -33,17 +39,7 @@ def _task_id(args: Mapping[str, Any]) -> str:
 
 
 def _not_found(err: TaskNotFound) -> ToolResult:
-    return error_result(f"no such task: {err.task_id}")
-
-
-def render_task_read(read: TaskRead) -> str:
-    """Status line, the new output, then one lossy marker per lossy stream."""
-    status = f"task {read.id}: {read.status}"
-    termination = render_termination(read.exit_code, read.signal)
-    if termination:
-        status += f", {termination}"
-    markers = render_lossy_markers(read.lossy, read.stdout_spill_path, read.stderr_spill_path)
-    return join_parts([status, read.delta, *markers])
+    return error_result(render_no_such_task(err.task_id))
 
 
 async def _wait_unless_aborted(
@@ -131,7 +127,7 @@ class TaskOutputTool(_TaskTool):
             if block and not await _wait_unless_aborted(
                 self.runtime, task_id, ctx.session_id, timeout_ms, ctx.signal
             ):
-                return error_result("tool call aborted")
+                return error_result(TOOL_CALL_ABORTED)
             read = self.runtime.read(task_id, ctx.session_id)
         except TaskNotFound as err:
             return _not_found(err)
@@ -156,9 +152,8 @@ class TaskListTool(_TaskTool):
 
     async def execute(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         infos = self.runtime.list(ctx.session_id)
-        lines = [f"{i.id}  {i.status}  {i.description}" for i in infos]
         return ToolResult(
-            "\n".join(lines) if lines else "(no tasks)",
+            render_task_list(infos),
             is_error=False,
             details={"kind": "task_list", "tasks": [dataclasses.asdict(i) for i in infos]},
         )
@@ -188,9 +183,8 @@ class TaskKillTool(_TaskTool):
             return error_result(err.message)
         except TaskNotFound as err:
             return _not_found(err)
-        text = f"killed task {task_id}" if killed else f"task {task_id} had already finished"
         return ToolResult(
-            text,
+            render_task_kill(task_id, killed),
             is_error=False,
             details={"kind": "task_kill", "task_id": task_id, "killed": killed},
         )

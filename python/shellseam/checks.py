@@ -1,0 +1,151 @@
+"""Validation at the seam's edges, so that bad values fail clearly and early.
+
+Configuration is refused when an executor is built, with ``TypeError``/``ValueError`` naming
+the parameter; requests (at ``resolve``) and hand-built specs (at ``run``/``start``) are
+refused with ``ShellError(INVALID_REQUEST)``. Nothing reaches the native core that could make
+it panic or overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from .abort import AbortSignal
+from .errors import INVALID_REQUEST, ShellError
+from .types import SandboxPolicy, ShellExecSpec
+
+#: The longest timeout (and grace) in milliseconds: 2**31 - 1 (~24.8 days), the ceiling of
+#: the seeds' JavaScript timers and of one poll/epoll wait.
+MAX_TIMEOUT_MS = 2**31 - 1
+#: Waits longer than this (about 31 years) are waits without a timeout.
+MAX_WAIT_S = 2**30
+#: The largest byte budget: what a file offset can address.
+MAX_BYTES = 2**63 - 1
+
+
+def invalid(reason: str) -> ShellError:
+    return ShellError(INVALID_REQUEST, reason)
+
+
+# -- configuration (constructors) ---------------------------------------------------------
+
+
+def config_int(value: object, name: str, *, minimum: int, maximum: int) -> int:
+    """An integer configuration value within ``[minimum, maximum]``.
+
+    A float (even integral, infinite or NaN) is a ``ValueError``: the parameter counts whole
+    units. Any other type is a ``TypeError``.
+    """
+    if isinstance(value, float):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def wait_timeout(timeout: object) -> float | None:
+    """A blocking wait's timeout in seconds: None or infinity wait forever; a negative
+    timeout polls once."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {type(timeout).__name__}"
+        )
+    if isinstance(timeout, float) and math.isnan(timeout):
+        raise ValueError("timeout must be a number of seconds, got nan")
+    if timeout <= 0:
+        return 0.0
+    if timeout == math.inf or timeout > MAX_WAIT_S:
+        return None  # longer than any process can run: no timeout
+    return float(timeout)
+
+
+# -- requests and specs -------------------------------------------------------------------
+
+
+def positive_int(value: object, name: str, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise invalid(f"{name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise invalid(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
+def check_text(value: str, name: str) -> None:
+    """Text must be encodable: a lone surrogate (valid JSON, invalid UTF-8) is refused here
+    instead of failing at spawn."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(f"{name} is not valid UTF-8 (it contains a lone surrogate)") from None
+
+
+def check_command(command: object) -> str:
+    if not isinstance(command, str) or not command.strip():
+        raise invalid("command must be a non-empty string")
+    if "\0" in command:
+        raise invalid("command contains a NUL byte")
+    check_text(command, "command")
+    return command
+
+
+def check_workdir(workdir: object) -> str:
+    if not isinstance(workdir, str) or not workdir or "\0" in workdir:
+        raise invalid(f"workdir must be a non-empty path, got {workdir!r}")
+    check_text(workdir, "workdir")
+    return workdir
+
+
+def check_env(env: object, name: str) -> None:
+    """None, or a mapping of non-empty names (no ``=``, no NUL) to str values."""
+    if env is None:
+        return
+    if not isinstance(env, Mapping):
+        raise invalid(f"{name} must be a mapping of str to str, got {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise invalid(f"{name} keys and values must be strings")
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise invalid(f"{name} has an invalid entry {key!r}")
+        check_text(key, name)
+        check_text(value, name)
+
+
+def check_signal(signal: object) -> None:
+    if signal is not None and not isinstance(signal, AbortSignal):
+        raise invalid(f"signal must be an AbortSignal or None, got {type(signal).__name__}")
+
+
+def check_stdin(stdin: object) -> None:
+    if stdin is None or isinstance(stdin, bytes):
+        return
+    if not isinstance(stdin, str):
+        raise invalid(f"stdin must be str, bytes or None, got {type(stdin).__name__}")
+    check_text(stdin, "stdin")
+
+
+def check_policy(policy: object) -> None:
+    if policy is not None and not isinstance(policy, SandboxPolicy):
+        raise invalid(
+            f"sandbox_policy must be a SandboxPolicy or None, got {type(policy).__name__}"
+        )
+
+
+def check_spec(spec: object) -> ShellExecSpec:
+    """A spec as ``resolve`` would have produced it; hand-built specs are checked here."""
+    if not isinstance(spec, ShellExecSpec):
+        raise invalid(f"expected a ShellExecSpec, got {type(spec).__name__}")
+    check_command(spec.command)
+    check_workdir(spec.workdir)
+    positive_int(spec.timeout_ms, "timeout_ms", MAX_TIMEOUT_MS)
+    positive_int(spec.stdout_max_bytes, "stdout_max_bytes", MAX_BYTES)
+    check_signal(spec.signal)
+    check_stdin(spec.stdin)
+    check_env(spec.env, "env")
+    check_env(spec.managed_env, "managed_env")
+    check_policy(spec.sandbox_policy)
+    return spec

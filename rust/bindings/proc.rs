@@ -1,0 +1,86 @@
+//! `_core.Proc`: one managed process group.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use super::contain::Resources;
+use super::notifier::Notifier;
+use super::records::{Collected, Finished, Outcome, ReadDelta};
+use super::wait_with_signals;
+use crate::process::Proc as CoreProc;
+
+/// One managed process group.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Proc {
+    pub(crate) inner: Arc<CoreProc>,
+}
+
+#[pymethods]
+impl Proc {
+    #[getter]
+    fn pid(&self) -> i32 {
+        self.inner.pid
+    }
+
+    #[getter]
+    fn token(&self) -> u64 {
+        self.inner.token
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.is_done()
+    }
+
+    /// SIGTERM to the group now, SIGKILL after the grace period; False when already
+    /// finished or a kill is already under way.
+    fn kill(&self, py: Python<'_>) -> bool {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.kill())
+    }
+
+    /// Waits until done (GIL released); False when `timeout` seconds passed first.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let inner = Arc::clone(&self.inner);
+        wait_with_signals(py, timeout, move |slice| inner.wait(Some(slice)))
+    }
+
+    fn subscribe(&self, notifier: &Notifier) {
+        self.inner.subscribe(Arc::clone(&notifier.inner));
+    }
+
+    /// How it ended, or None while running.
+    fn outcome(&self) -> Option<Outcome> {
+        self.inner.outcome().map(Outcome::from)
+    }
+
+    /// The outcome and both collected streams in one call, or None while running.
+    fn result(&self) -> Option<Finished> {
+        let outcome = self.outcome()?;
+        let (stdout, stderr) = self.collected();
+        Some(Finished {
+            outcome,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Containment facts, or None while running.
+    fn resources(&self) -> Option<Resources> {
+        self.inner.resources().map(Resources::from)
+    }
+
+    /// Both streams as collected so far: (stdout, stderr).
+    fn collected(&self) -> (Collected, Collected) {
+        let (out, err) = self.inner.collected();
+        (out.into(), err.into())
+    }
+
+    /// Consuming read of both streams: (stdout, stderr).
+    fn read(&self) -> (ReadDelta, ReadDelta) {
+        let (out, err) = self.inner.read();
+        (out.into(), err.into())
+    }
+}

@@ -1,0 +1,162 @@
+//! `_core.Supervisor`: one subprocess service.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::cstring;
+use super::env::Env;
+use super::proc::Proc;
+use super::ruleset::Ruleset;
+use crate::contain::CallLimits;
+use crate::errors::CoreError;
+
+/// (memory_bytes, max_processes, cpu_ms, file_size_bytes, open_files).
+type LimitsTuple = (
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+);
+use crate::process::ProcConfig;
+use crate::spawn::SpawnPlan;
+use crate::supervisor::Service;
+
+/// The supervisor of one subprocess service.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct Supervisor {
+    inner: Arc<Service>,
+}
+
+#[pymethods]
+impl Supervisor {
+    /// `keeper`: (program, argv) of the keeper process, started on the first call; it
+    /// removes the spill directory when the harness dies unless `keep_spill`.
+    #[new]
+    #[pyo3(signature = (spill_parent, keeper=None, keep_spill=false))]
+    fn new(
+        spill_parent: PathBuf,
+        keeper: Option<(Vec<u8>, Vec<Vec<u8>>)>,
+        keep_spill: bool,
+    ) -> PyResult<Self> {
+        let service = Service::new(spill_parent).map_err(CoreError::Io)?;
+        if let Some((program, argv)) = keeper {
+            let argv = argv
+                .into_iter()
+                .map(|a| cstring(a, "a keeper argument"))
+                .collect::<PyResult<Vec<_>>>()?;
+            service.set_keeper(cstring(program, "the keeper program")?, argv, keep_spill);
+        }
+        Ok(Self {
+            inner: Arc::new(service),
+        })
+    }
+
+    /// The keeper's pid once started (None before the first call or without a keeper).
+    #[getter]
+    fn keeper_pid(&self) -> Option<i32> {
+        self.inner.keeper_pid()
+    }
+
+    /// Whether calls get cgroups (creates the service's cgroup parent on first use).
+    fn has_cgroups(&self, py: Python<'_>) -> bool {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.has_cgroups())
+    }
+
+    #[getter]
+    fn spill_dir(&self) -> Option<String> {
+        self.inner
+            .spill_dir()
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    #[getter]
+    fn running(&self) -> usize {
+        self.inner.running()
+    }
+
+    #[getter]
+    fn disposed(&self) -> bool {
+        self.inner.is_disposed()
+    }
+
+    #[getter]
+    fn has_thread(&self) -> bool {
+        self.inner.has_supervisor_thread()
+    }
+
+    /// Spawns `argv` (program path `program`) in a new process group.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, limits=(None, None, None, None, None), cgroup=true))]
+    fn spawn(
+        &self,
+        py: Python<'_>,
+        program: Vec<u8>,
+        argv: Vec<Vec<u8>>,
+        cwd: Vec<u8>,
+        env: &Env,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        stderr_cap: usize,
+        spill_cap: u64,
+        grace_ms: u64,
+        ruleset: Option<&Ruleset>,
+        limits: LimitsTuple,
+        cgroup: bool,
+    ) -> PyResult<Proc> {
+        let argv = argv
+            .into_iter()
+            .map(|a| cstring(a, "an argument"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut plan = SpawnPlan {
+            program: cstring(program, "the program path")?,
+            argv,
+            envp: Arc::clone(&env.envp),
+            cwd: cstring(cwd, "the working directory")?,
+            landlock_ruleset: ruleset.map(|r| r.fd.as_raw_fd()),
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
+        };
+        let cfg = ProcConfig {
+            stdout_cap,
+            stderr_cap,
+            spill_cap,
+            grace: Duration::from_millis(grace_ms),
+            stdin,
+            limits: CallLimits {
+                memory_bytes: limits.0,
+                max_processes: limits.1,
+                cpu_ms: limits.2,
+                file_size_bytes: limits.3,
+                open_files: limits.4,
+            },
+            cgroup,
+        };
+        let inner = Arc::clone(&self.inner);
+        let proc = py.detach(move || inner.spawn(&mut plan, cfg))?;
+        Ok(Proc { inner: proc })
+    }
+
+    /// Refuses new spawns and requests the kill of every live process (no waiting).
+    fn begin_dispose(&self, py: Python<'_>) -> Vec<Proc> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.begin_dispose())
+            .into_iter()
+            .map(|inner| Proc { inner })
+            .collect()
+    }
+
+    /// Kills (with escalation) and reaps every process, stops the supervisor thread and
+    /// removes the spill directory unless `keep_spill`.
+    #[pyo3(signature = (keep_spill=false))]
+    fn dispose(&self, py: Python<'_>, keep_spill: bool) {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.dispose(keep_spill));
+    }
+}

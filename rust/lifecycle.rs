@@ -1,0 +1,283 @@
+//! The life of a process, driven by the supervisor thread.
+//!
+//! Running → (leader exits) Draining until both pipes reach EOF or `grace` passes →
+//! Reaping: any process left in the group is counted, sent SIGTERM and, after `grace`,
+//! SIGKILL → Done. A kill request sends SIGTERM to the group at once and SIGKILL after
+//! `grace` if the group is still there. Deadlines live in a min-heap of timers.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use crate::contain::CpuCheck;
+use crate::pipes::OutStream;
+use crate::process::{LeaderExit, Proc, ProcState};
+use crate::sys::{lock, reap_nonblocking, Reaped};
+
+/// How often the group of a process in its Reaping phase is polled (no event exists for
+/// the exit of a process that is not our child).
+const REAP_POLL: Duration = Duration::from_millis(5);
+/// The same, as a safety net, when the cgroup's `populated` event wakes us anyway.
+const REAP_POLL_EVENTS: Duration = Duration::from_millis(100);
+
+fn reap_poll(st: &ProcState) -> Duration {
+    if st.contain.events.is_some() {
+        REAP_POLL_EVENTS
+    } else {
+        REAP_POLL
+    }
+}
+/// How long SIGKILLed leftovers may take to vanish before the call completes regardless.
+const SIGKILL_SETTLE: Duration = Duration::from_secs(2);
+
+/// `now + wait`, saturating a century ahead instead of panicking on overflow (a grace of
+/// 2^64 ms crosses the boundary as a valid u64).
+pub(crate) fn after(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(wait.min(CENTURY)).unwrap_or(now)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Running,
+    Draining,
+    Reaping { sigkill_sent: bool },
+    Done,
+}
+
+/// Pending deadlines: (when, process token), earliest first.
+#[derive(Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+}
+
+impl Timers {
+    pub fn extend(&mut self, timers: impl IntoIterator<Item = (Instant, u64)>) {
+        self.heap.extend(timers.into_iter().map(Reverse));
+    }
+
+    /// Time until the earliest deadline, None when there is none.
+    pub fn timeout(&self, now: Instant) -> Option<Duration> {
+        self.heap
+            .peek()
+            .map(|Reverse((at, _))| at.saturating_duration_since(now))
+    }
+
+    /// Removes and returns the token of a timer due at `now`.
+    pub fn pop_due(&mut self, now: Instant) -> Option<u64> {
+        match self.heap.peek() {
+            Some(Reverse((at, _))) if *at <= now => self.heap.pop().map(|Reverse((_, t))| t),
+            _ => None,
+        }
+    }
+}
+
+fn stream(st: &mut ProcState, is_out: bool) -> &mut OutStream {
+    if is_out {
+        &mut st.stdout
+    } else {
+        &mut st.stderr
+    }
+}
+
+/// Drains one output pipe; closes it on EOF or error, or after a final pass.
+pub(crate) fn drain_stream(
+    proc: &Proc,
+    st: &mut ProcState,
+    is_out: bool,
+    scratch: &mut [u8],
+    final_pass: bool,
+) {
+    let label = if is_out { "stdout" } else { "stderr" };
+    let shared = &proc.shared;
+    let mut open_spill = || {
+        let file = lock(&shared.spill).create_file(label);
+        shared.note_spill_dir();
+        file
+    };
+    let s = stream(st, is_out);
+    let close = s.drain(scratch, final_pass, &mut open_spill);
+    if close || final_pass {
+        if let Some(fd) = s.fd.take() {
+            shared.unwatch(&fd, s.key.take());
+        }
+    }
+}
+
+/// Writes pending stdin; closes the pipe when done.
+pub(crate) fn feed_stdin(proc: &Proc, st: &mut ProcState) {
+    if st.stdin.write() {
+        close_stdin(proc, st);
+    }
+}
+
+fn close_stdin(proc: &Proc, st: &mut ProcState) {
+    let key = st.stdin.key.take();
+    if let Some(fd) = st.stdin.close() {
+        proc.shared.unwatch(&fd, key);
+    }
+}
+
+fn close_pidfd(proc: &Proc, st: &mut ProcState) {
+    let key = st.pidfd_key.take();
+    if let Some(fd) = st.pidfd.take() {
+        proc.shared.unwatch(&fd, key);
+    }
+}
+
+/// The pidfd became readable: collect the leader's status.
+pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
+    match reap_nonblocking(proc.pid) {
+        Reaped::Exited(status, usage) => st.leader = Some(LeaderExit::Status(status, usage)),
+        // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
+        // that the status is unknown instead of waiting forever or making one up.
+        Reaped::Lost => st.leader = Some(LeaderExit::Unknown),
+        Reaped::Running => return,
+    }
+    close_pidfd(proc, st);
+}
+
+fn pipes_closed(st: &ProcState) -> bool {
+    st.stdout.fd.is_none() && st.stderr.fd.is_none()
+}
+
+/// Moves a process on after an event of its own.
+pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
+    match st.phase {
+        Phase::Running if st.leader.is_some() => {
+            if pipes_closed(st) {
+                begin_reap(proc, st, now);
+            } else {
+                st.phase = Phase::Draining;
+                let at = after(now, st.grace);
+                st.deadline = Some(at);
+                proc.shared.add_timer(at, proc.token, false);
+            }
+        }
+        Phase::Draining if pipes_closed(st) => begin_reap(proc, st, now),
+        _ => {}
+    }
+}
+
+/// The leader is gone and the drain ended: terminate whatever is left of the call.
+fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
+    close_stdin(proc, st);
+    let (left, alive) = st.contain.count_leftovers(proc.pid);
+    st.leftover_killed = st
+        .leftover_killed
+        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+    if alive {
+        st.contain.signal(proc.pid, libc::SIGTERM);
+        st.phase = Phase::Reaping {
+            sigkill_sent: false,
+        };
+        st.deadline = Some(after(now, st.grace));
+        proc.shared.watch_cgroup_events(proc.token, &mut st.contain);
+        proc.shared
+            .add_timer(now + reap_poll(st), proc.token, false);
+        return;
+    }
+    finish(proc, st, now);
+}
+
+/// The call's cgroup changed (`populated`): finish a reaping call that emptied.
+pub(crate) fn on_cgroup_event(proc: &Proc, st: &mut ProcState, now: Instant) {
+    if let Some((fd, _)) = &st.contain.events {
+        crate::cgroup::rearm_events(fd);
+    }
+    if matches!(st.phase, Phase::Reaping { .. }) && !st.contain.any_alive(proc.pid) {
+        finish(proc, st, now);
+    }
+}
+
+/// A timer of this process fired.
+pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
+    if st.phase == Phase::Done {
+        return;
+    }
+    if st.kill_at.is_some_and(|at| at <= now) {
+        st.kill_at = None;
+        st.contain.signal(proc.pid, libc::SIGKILL);
+    }
+    match st.contain.check_cpu(now) {
+        CpuCheck::Exceeded => {
+            // Over its CPU limit: the whole call dies at once (a grace would only burn more).
+            st.contain.signal(proc.pid, libc::SIGKILL);
+        }
+        CpuCheck::Again(at) => proc.shared.add_timer(at, proc.token, false),
+        CpuCheck::NotDue => {}
+    }
+    let due = st.deadline.is_some_and(|at| at <= now);
+    match st.phase {
+        Phase::Draining if due => begin_reap(proc, st, now),
+        Phase::Reaping { sigkill_sent } => {
+            // Count live members, not the group's existence: a killed orphan stays a
+            // zombie until init reaps it, and some inits (containers) take their time.
+            if !st.contain.any_alive(proc.pid) {
+                finish(proc, st, now);
+            } else if due && !sigkill_sent {
+                st.contain.signal(proc.pid, libc::SIGKILL);
+                st.phase = Phase::Reaping { sigkill_sent: true };
+                st.deadline = Some(now + SIGKILL_SETTLE);
+                proc.shared
+                    .add_timer(now + reap_poll(st), proc.token, false);
+            } else if due {
+                // Unkillable (uninterruptible sleep): complete with what we have.
+                finish(proc, st, now);
+            } else {
+                proc.shared
+                    .add_timer(now + reap_poll(st), proc.token, false);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
+    // Whatever already sits in the pipes was produced: keep it, then let go of the pipes.
+    let mut scratch = vec![0u8; 64 * 1024];
+    drain_stream(proc, st, true, &mut scratch, true);
+    drain_stream(proc, st, false, &mut scratch, true);
+    st.stdout.collector.flush();
+    st.stderr.collector.flush();
+    close_pidfd(proc, st);
+    st.contain.stamp();
+    proc.shared.end_containment(proc.pid, &mut st.contain);
+    st.phase = Phase::Done;
+    st.finished = Some(now);
+    st.deadline = None;
+    st.kill_at = None;
+    for notifier in st.subscribers.drain(..) {
+        notifier.push(proc.token);
+    }
+    lock(&proc.shared.live).remove(&proc.token);
+    proc.done.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(3600 * 24 * 365));
+        assert_eq!(
+            after(now, Duration::from_millis(5)),
+            now + Duration::from_millis(5)
+        );
+    }
+
+    #[test]
+    fn timers_pop_in_deadline_order() {
+        let now = Instant::now();
+        let mut t = Timers::default();
+        assert_eq!(t.timeout(now), None);
+        t.extend([(now + Duration::from_millis(20), 2), (now, 1)]);
+        assert_eq!(t.timeout(now), Some(Duration::ZERO));
+        assert_eq!(t.pop_due(now), Some(1));
+        assert_eq!(t.pop_due(now), None);
+        assert_eq!(t.timeout(now), Some(Duration::from_millis(20)));
+        assert_eq!(t.pop_due(now + Duration::from_millis(20)), Some(2));
+    }
+}

@@ -1,0 +1,139 @@
+//! The parent's side of the child's stdio pipes: creating them (close-on-exec, above the
+//! stdio range, non-blocking), draining output into a collector and feeding stdin.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+use crate::collector::{Collector, SpillOpener};
+
+/// Bytes read per `read` call while draining.
+pub(crate) const READ_CHUNK: usize = 1 << 20;
+const DEFAULT_PIPE_BYTES: usize = 1 << 16;
+/// Pipe size for a stream that filled the default one. Larger pipes measured slower here:
+/// the producer's writes touch more cache for no fewer wake-ups.
+const LARGE_PIPE_BYTES: libc::c_int = 256 * 1024;
+/// Reads per drain before yielding to other processes (fairness).
+const READS_PER_DRAIN: usize = 64;
+
+/// A pipe whose both ends are close-on-exec.
+pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
+}
+
+/// Moves `fd` above the stdio range so that the child's dup onto 0..2 never aliases it
+/// (a harness that closed its own stdin would otherwise get pipe fds 0..2 back).
+pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    let new = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    // SAFETY: F_DUPFD_CLOEXEC succeeded, so `new` is a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+pub fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
+    let flags = OFlag::from_bits_retain(fcntl(&fd, FcntlArg::F_GETFL)?);
+    fcntl(&fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// One output stream of a process: its pipe (None once closed), its epoll registration
+/// key and its collector.
+pub(crate) struct OutStream {
+    pub fd: Option<OwnedFd>,
+    pub key: Option<u64>,
+    pub collector: Collector,
+    grown: bool,
+}
+
+impl OutStream {
+    pub fn new(fd: OwnedFd, collector: Collector) -> Self {
+        Self {
+            fd: Some(fd),
+            key: None,
+            collector,
+            grown: false,
+        }
+    }
+
+    /// Reads what the pipe holds (bounded per call for fairness, everything when
+    /// `final_pass`). True when the pipe reached EOF or failed and must be closed.
+    pub fn drain(
+        &mut self,
+        scratch: &mut [u8],
+        final_pass: bool,
+        open_spill: SpillOpener<'_>,
+    ) -> bool {
+        let Some(fd) = self.fd.as_ref() else {
+            return false;
+        };
+        for _ in 0..READS_PER_DRAIN {
+            match nix::unistd::read(fd, scratch) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    self.collector.push(&scratch[..n], open_spill);
+                    if !self.grown && n >= DEFAULT_PIPE_BYTES {
+                        // A producer that fills the default pipe gets a larger one: fewer
+                        // wake-ups. Failure (the per-user pipe limit) is harmless.
+                        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(LARGE_PIPE_BYTES));
+                        self.grown = true;
+                    }
+                    if n < scratch.len() && !final_pass {
+                        return false;
+                    }
+                }
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return false,
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+}
+
+/// The bytes still to be written to a process's stdin, and its pipe.
+pub(crate) struct StdinFeed {
+    pub fd: Option<OwnedFd>,
+    pub key: Option<u64>,
+    data: Vec<u8>,
+    off: usize,
+}
+
+impl StdinFeed {
+    pub fn new(fd: OwnedFd, data: Vec<u8>) -> Self {
+        Self {
+            fd: Some(fd),
+            key: None,
+            data,
+            off: 0,
+        }
+    }
+
+    /// Writes what the pipe takes. True when everything is written (or the reader went
+    /// away) and the pipe must be closed.
+    pub fn write(&mut self) -> bool {
+        let Some(fd) = self.fd.as_ref() else {
+            return false;
+        };
+        while self.off < self.data.len() {
+            match nix::unistd::write(fd, &self.data[self.off..]) {
+                Ok(n) => self.off += n,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return false,
+                // EPIPE: the command exited or closed stdin without reading; not an error.
+                Err(_) => return true,
+            }
+        }
+        true
+    }
+
+    /// Drops the pipe and the unwritten bytes.
+    pub fn close(&mut self) -> Option<OwnedFd> {
+        self.data = Vec::new();
+        self.fd.take()
+    }
+}

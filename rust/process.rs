@@ -1,0 +1,252 @@
+//! One managed process group as its callers see it: kill, wait, subscribe, and what it
+//! produced. The supervisor thread drives its state (see `lifecycle.rs`).
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::collector::{Collected, Collector, Delta};
+use crate::contain::{CallContainment, CallLimits, Resources};
+use crate::lifecycle::{after, Phase};
+use crate::notifier::Notifier;
+use crate::pipes::{OutStream, StdinFeed};
+use crate::spawn::Spawned;
+use crate::supervisor::Shared;
+use crate::sys::lock;
+
+/// Per-process limits and input.
+pub struct ProcConfig {
+    pub stdout_cap: usize,
+    pub stderr_cap: usize,
+    pub spill_cap: u64,
+    pub grace: Duration,
+    pub stdin: Vec<u8>,
+    /// The call's limits, and whether it gets a cgroup (where the host has them).
+    pub limits: CallLimits,
+    pub cgroup: bool,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration: Duration,
+    pub leftover_killed: u32,
+    pub kill_requested: bool,
+    pub user_cpu: Duration,
+    pub system_cpu: Duration,
+    pub max_rss_kib: i64,
+    /// Somebody else reaped the leader (a stray `waitpid(-1)`): its status is lost, and
+    /// `exit_code`/`signal` are None rather than a made-up 0.
+    pub exit_status_unknown: bool,
+}
+
+/// What became of the group leader.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LeaderExit {
+    Status(libc::c_int, libc::rusage),
+    /// ECHILD: reaped by someone else.
+    Unknown,
+}
+
+/// Everything the supervisor and the callers share about one process, under its lock.
+pub(crate) struct ProcState {
+    pub phase: Phase,
+    pub stdout: OutStream,
+    pub stderr: OutStream,
+    pub stdin: StdinFeed,
+    pub pidfd: Option<std::os::fd::OwnedFd>,
+    pub pidfd_key: Option<u64>,
+    pub leader: Option<LeaderExit>,
+    pub kill_requested: bool,
+    pub kill_at: Option<Instant>,
+    pub deadline: Option<Instant>,
+    pub leftover_killed: u32,
+    pub started: Instant,
+    pub finished: Option<Instant>,
+    pub subscribers: Vec<Arc<Notifier>>,
+    pub grace: Duration,
+    pub contain: CallContainment,
+}
+
+/// One managed process group, shared by the supervisor and its callers.
+pub struct Proc {
+    pub token: u64,
+    pub pid: libc::pid_t,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) state: Mutex<ProcState>,
+    pub(crate) done: Condvar,
+}
+
+impl Proc {
+    pub(crate) fn new(
+        token: u64,
+        shared: Arc<Shared>,
+        child: Spawned,
+        cfg: ProcConfig,
+        contain: CallContainment,
+        started: Instant,
+    ) -> Self {
+        Self {
+            token,
+            pid: child.pid,
+            shared,
+            state: Mutex::new(ProcState {
+                phase: Phase::Running,
+                stdout: OutStream::new(
+                    child.pipes.stdout,
+                    Collector::new(cfg.stdout_cap, cfg.spill_cap),
+                ),
+                stderr: OutStream::new(
+                    child.pipes.stderr,
+                    Collector::new(cfg.stderr_cap, cfg.spill_cap),
+                ),
+                stdin: StdinFeed::new(child.pipes.stdin, cfg.stdin),
+                pidfd: Some(child.pidfd),
+                pidfd_key: None,
+                leader: None,
+                kill_requested: false,
+                kill_at: None,
+                deadline: None,
+                leftover_killed: 0,
+                started,
+                finished: None,
+                subscribers: Vec::new(),
+                grace: cfg.grace,
+                contain,
+            }),
+            done: Condvar::new(),
+        }
+    }
+
+    pub fn pgid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    pub fn is_done(&self) -> bool {
+        lock(&self.state).phase == Phase::Done
+    }
+
+    /// Requests termination: SIGTERM to every process of the call now, SIGKILL to all of
+    /// them after the grace period.
+    /// False when the process already finished or a kill is already under way.
+    pub fn kill(&self) -> bool {
+        if !self.shared.in_owner() {
+            return false;
+        }
+        let mut st = lock(&self.state);
+        if st.phase == Phase::Done || st.kill_requested {
+            return false;
+        }
+        st.kill_requested = true;
+        let escaped = st.contain.terminate(self.pid);
+        st.leftover_killed = st
+            .leftover_killed
+            .saturating_add(u32::try_from(escaped).unwrap_or(u32::MAX));
+        let at = after(Instant::now(), st.grace);
+        st.kill_at = Some(at);
+        drop(st);
+        self.shared.add_timer(at, self.token, true);
+        true
+    }
+
+    /// Waits until the process is done; false when `timeout` passed first.
+    pub fn wait(&self, timeout: Option<Duration>) -> bool {
+        if !self.shared.in_owner() {
+            return false; // nobody in this process will ever settle it
+        }
+        let mut st = lock(&self.state);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        while st.phase != Phase::Done {
+            match deadline {
+                None => {
+                    st = self
+                        .done
+                        .wait(st)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return false;
+                    }
+                    st = self
+                        .done
+                        .wait_timeout(st, deadline - now)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .0;
+                }
+            }
+        }
+        true
+    }
+
+    /// Queues this process's token on `notifier` when it finishes (at once if it has).
+    pub fn subscribe(&self, notifier: Arc<Notifier>) {
+        let mut st = lock(&self.state);
+        if st.phase == Phase::Done {
+            drop(st);
+            notifier.push(self.token);
+        } else {
+            st.subscribers.push(notifier);
+        }
+    }
+
+    pub fn outcome(&self) -> Option<Outcome> {
+        let st = lock(&self.state);
+        if st.phase != Phase::Done {
+            return None;
+        }
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec.max(0) as u64)
+                + Duration::from_micros(t.tv_usec.max(0) as u64)
+        };
+        let (exit_code, signal, usage) = match st.leader {
+            Some(LeaderExit::Status(status, usage)) if libc::WIFSIGNALED(status) => {
+                (None, Some(libc::WTERMSIG(status)), Some(usage))
+            }
+            Some(LeaderExit::Status(status, usage)) => {
+                (Some(libc::WEXITSTATUS(status)), None, Some(usage))
+            }
+            Some(LeaderExit::Unknown) | None => (None, None, None),
+        };
+        let (user_cpu, system_cpu, max_rss_kib) = usage
+            .map_or((Duration::ZERO, Duration::ZERO, 0), |r| {
+                (tv(r.ru_utime), tv(r.ru_stime), r.ru_maxrss)
+            });
+        Some(Outcome {
+            exit_code,
+            signal,
+            duration: st.finished.unwrap_or(st.started) - st.started,
+            leftover_killed: st.leftover_killed,
+            kill_requested: st.kill_requested,
+            user_cpu,
+            system_cpu,
+            max_rss_kib,
+            exit_status_unknown: !matches!(st.leader, Some(LeaderExit::Status(..))),
+        })
+    }
+
+    /// Containment facts, once done.
+    pub fn resources(&self) -> Option<Resources> {
+        let st = lock(&self.state);
+        (st.phase == Phase::Done).then(|| st.contain.resources())
+    }
+
+    pub fn collected(&self) -> (Collected, Collected) {
+        let st = lock(&self.state);
+        (
+            st.stdout.collector.collected(),
+            st.stderr.collector.collected(),
+        )
+    }
+
+    /// Consumes unread output of both streams.
+    pub fn read(&self) -> (Delta, Delta) {
+        let mut st = lock(&self.state);
+        let final_read = st.phase == Phase::Done;
+        let out = st.stdout.collector.read(final_read);
+        let err = st.stderr.collector.read(final_read);
+        (out, err)
+    }
+}

@@ -1,0 +1,167 @@
+//! The parent-side syscalls of the supervisor, on `nix`: epoll, eventfd, poll, signal
+//! masks, waitpid. Only `wait4` stays raw here: nix has no call that returns the rusage of
+//! one reaped child. (The code between clone and exec lives in `spawn.rs` and stays raw.)
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::signal::SigSet;
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+
+pub(crate) use nix::sys::epoll::EpollEvent as Event;
+
+/// Locks `m`; a panic while holding a lock must not wedge every later caller.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn getpid() -> libc::pid_t {
+    nix::unistd::getpid().as_raw()
+}
+
+/// A non-blocking, close-on-exec eventfd used as a wake-up flag.
+pub(crate) fn eventfd() -> std::io::Result<EventFd> {
+    Ok(EventFd::from_value_and_flags(
+        0,
+        EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+    )?)
+}
+
+/// Raises the flag. It cannot fail short of the counter overflowing (2^64 - 2 raises
+/// without a read), where the flag is raised already.
+pub(crate) fn eventfd_raise(efd: &EventFd) {
+    let _ = efd.write(1);
+}
+
+/// Lowers the flag; EAGAIN (it was not raised) is not an error.
+pub(crate) fn eventfd_clear(efd: &EventFd) {
+    let _ = efd.read();
+}
+
+/// A poll/epoll timeout: None waits forever; durations round up to whole milliseconds so
+/// that a waiter never wakes just before its deadline and spins, and saturate at i32::MAX.
+pub(crate) fn poll_timeout(timeout: Option<Duration>) -> PollTimeout {
+    match timeout {
+        None => PollTimeout::NONE,
+        Some(t) => {
+            let ms = t.as_micros().div_ceil(1000);
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
+    }
+}
+
+/// Waits up to `timeout` (None: forever) for `fd` to become readable.
+pub(crate) fn poll_readable(fd: impl AsFd, timeout: Option<Duration>) {
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    // EINTR and friends: the caller looks at its state again either way.
+    let _ = nix::poll::poll(&mut fds, poll_timeout(timeout));
+}
+
+pub(crate) fn epoll_create() -> std::io::Result<Epoll> {
+    Ok(Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?)
+}
+
+pub(crate) fn readable() -> EpollFlags {
+    EpollFlags::EPOLLIN
+}
+
+pub(crate) fn writable() -> EpollFlags {
+    EpollFlags::EPOLLOUT
+}
+
+pub(crate) fn epoll_add(
+    epoll: &Epoll,
+    fd: impl AsFd,
+    events: EpollFlags,
+    key: u64,
+) -> std::io::Result<()> {
+    Ok(epoll.add(fd, EpollEvent::new(events, key))?)
+}
+
+/// Removes a registration; a stale one (ENOENT) is harmless.
+pub(crate) fn epoll_del(epoll: &Epoll, fd: &OwnedFd) {
+    let _ = epoll.delete(fd);
+}
+
+pub(crate) fn epoll_event_buffer(len: usize) -> Vec<Event> {
+    vec![EpollEvent::empty(); len]
+}
+
+/// Waits for events; an error (EINTR) counts as none.
+pub(crate) fn epoll_wait(epoll: &Epoll, events: &mut [Event], timeout: Option<Duration>) -> usize {
+    epoll.wait(events, poll_timeout(timeout)).unwrap_or(0)
+}
+
+/// Blocks every signal in the calling thread: signals belong to the harness's threads; a
+/// SIGPIPE from a stdin write stays pending here instead of killing anything.
+pub(crate) fn block_signals_in_this_thread() {
+    // Cannot fail with a valid set and how.
+    let _ = SigSet::all().thread_block();
+}
+
+/// Reaps our own child, blocking (used when a spawn is abandoned).
+pub(crate) fn reap_blocking(pid: libc::pid_t) {
+    while waitpid(Pid::from_raw(pid), None) == Err(Errno::EINTR) {}
+}
+
+/// What `wait4(pid, WNOHANG)` found.
+pub(crate) enum Reaped {
+    Exited(libc::c_int, libc::rusage),
+    Running,
+    /// ECHILD and other errors: somebody else reaped it.
+    Lost,
+}
+
+pub(crate) fn reap_nonblocking(pid: libc::pid_t) -> Reaped {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value that wait4 overwrites.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: reaps our own child without blocking; both out-pointers point at live
+        // locals of this frame. Raw because nix has no wait4 (status with rusage).
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r < 0 && Errno::last() == Errno::EINTR {
+            continue;
+        }
+        return match r {
+            0 => Reaped::Running,
+            r if r == pid => Reaped::Exited(status, usage),
+            _ => Reaped::Lost,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_timeouts_round_up_and_saturate() {
+        assert_eq!(poll_timeout(None), PollTimeout::NONE);
+        assert_eq!(poll_timeout(Some(Duration::ZERO)), PollTimeout::ZERO);
+        assert_eq!(
+            poll_timeout(Some(Duration::from_micros(1))),
+            PollTimeout::from(1u8)
+        );
+        assert_eq!(
+            poll_timeout(Some(Duration::from_secs(u64::MAX))),
+            PollTimeout::MAX
+        );
+    }
+
+    #[test]
+    fn eventfd_flag_raises_and_clears() {
+        let efd = eventfd().unwrap();
+        eventfd_clear(&efd); // not raised: EAGAIN, ignored
+        eventfd_raise(&efd);
+        eventfd_raise(&efd);
+        assert_eq!(efd.read(), Ok(2));
+        assert_eq!(efd.read(), Err(Errno::EAGAIN));
+    }
+}
