@@ -506,6 +506,10 @@ def test_done_callbacks_run_once_settled(world: World) -> None:
     proc.add_done_callback(cb)
     assert done.wait(5)
     assert seen == ["completed"] and proc.exit_code == 3
+    # The node's settlement facts travel with the handle, stamped before it settles.
+    local_facts = world.ex.run_sync(spec_of(world.ex, "exit 3")).resources
+    assert proc.resources is not None and local_facts is not None
+    assert proc.resources.containment == local_facts.containment
 
 
 def test_node_death_mid_read_settles_killed_with_one_lost_delta(world: World) -> None:

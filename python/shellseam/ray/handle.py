@@ -22,6 +22,7 @@ from ..process import ShellProcess
 from ..types import (
     ProcessStatus,
     ShellProcessRead,
+    ShellResources,
     ShellSandboxInfo,
 )
 from .link import NodeLink, lost_message
@@ -140,7 +141,7 @@ class RemoteShellProcess(ShellProcess):
         return None if state is None else state.sandbox
 
     @property
-    def resources(self) -> object | None:
+    def resources(self) -> ShellResources | None:
         state = self._state
         return None if state is None else state.resources
 

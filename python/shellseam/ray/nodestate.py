@@ -213,7 +213,7 @@ def _handle_state(proc: ShellProcess) -> HandleState:
         exit_code=proc.exit_code,
         signal=proc.signal,
         sandbox=proc.sandbox,
-        resources=getattr(proc, "resources", None),
+        resources=proc.resources,
     )
 
 

@@ -29,7 +29,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from ..types import ProcessStatus, ShellExecSpec, ShellProcessRead, ShellRunResult, ShellSandboxInfo
+from ..types import (
+    ProcessStatus,
+    ShellExecSpec,
+    ShellProcessRead,
+    ShellResources,
+    ShellRunResult,
+    ShellSandboxInfo,
+)
 
 #: How long a node keeps a silent client's commands alive (seconds).
 LEASE_S: Final = 8.0
@@ -112,7 +119,7 @@ class HandleState:
     exit_code: int | None
     signal: str | None
     sandbox: ShellSandboxInfo | None
-    resources: object | None = None
+    resources: ShellResources | None = None
 
 
 @dataclass(frozen=True)
