@@ -82,7 +82,7 @@ def run(
 
     sequential_reps = 5 if tiny else 200 if quick else 500
     inflight_rounds = 1 if tiny else 8 if quick else 20
-    spill_bytes = (2 if tiny else 64 if quick else 256) * MIB
+    spill_bytes = (2 if tiny else 64) * MIB  # the default max_spill_bytes
     say = progress or (lambda _m: None)
     rows: list[Row] = []
     with _cluster(address) as workers:
