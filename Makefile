@@ -9,7 +9,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 # Front-end extras the tests exercise (mini-swe-agent is the heavy one: ~900 MB of deps).
-EXTRAS ?= mcp,minisweagent
+EXTRAS ?= mcp,minisweagent,ray
 DIST ?= dist
 # The oldest glibc the x86_64 wheel promises; zig links against that glibc's symbol versions.
 MANYLINUX ?= manylinux_2_28
