@@ -30,6 +30,7 @@ from ..tasks import TaskRuntime
 from ..types import SANDBOX_MODES, SandboxMode, SandboxPolicy, ShellExecRequest
 from ._args import (
     ToolInputError,
+    arguments,
     error_result,
     non_empty_string,
     optional_bool,
@@ -246,6 +247,7 @@ class BashTool:
         return {"output": output, "status": status}
 
     def _validate(self, args: Mapping[str, Any], ctx: ToolContext) -> _Call:
+        args = arguments(args)
         command = non_empty_string(
             args.get("command"), "invalid command: expected a non-empty string"
         )
