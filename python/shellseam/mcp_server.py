@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import stat
 import sys
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
+from mcp.shared._stream_protocols import ReadStream, WriteStream
+from mcp.shared.message import SessionMessage
 
 from .env import ManagedEnvRegistry
 from .local import LocalShellExecutor
@@ -103,11 +107,13 @@ async def _serve(mode: SandboxMode | None, workdir: str, home: str) -> None:
             # A stop signal cancels the serving below (an in-flight bash call kills its
             # process group on cancellation); the disposal in `finally` does the rest.
             tg.start_soon(_cancel_on_stop_signal, tg.cancel_scope)
+            rejected: deque[types.RequestId | None] = deque()
             async with (
-                _cancellable_stdin() as stdin,
+                _cancellable_stdin(rejected) as stdin,
                 stdio_server(stdin=stdin) as (read, write),
+                _answer_malformed(read, write, rejected) as messages,
             ):
-                await server.run(read, write, server.create_initialization_options())
+                await server.run(messages, write, server.create_initialization_options())
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
@@ -174,21 +180,77 @@ class _StreamLines(anyio.AsyncFile[str]):
     would hang. Reading through the loop makes the pending read cancellable.
     """
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, rejected: deque[types.RequestId | None]
+    ) -> None:
         # The base class wants a file object; every read is overridden to use the reader.
         super().__init__(io.StringIO())
         self._reader = reader
+        self._rejected = rejected
 
     async def readline(self) -> str:
-        return (await self._reader.readline()).decode("utf-8", errors="replace")
+        line = (await self._reader.readline()).decode("utf-8", errors="replace")
+        if line:  # "" is EOF, which ends the iteration; a blank line is refused like others
+            # The SDK will refuse this line with an exception that no longer knows its
+            # request id: remember the id (in order) so the error reply can carry it.
+            try:
+                types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            except ValueError:
+                self._rejected.append(_request_id(line))
+        return line
 
     async def __aiter__(self) -> AsyncIterator[str]:
         while line := await self.readline():
             yield line
 
 
+def _request_id(line: str) -> types.RequestId | None:
+    """The id of a message the SDK could not take, when the line is JSON carrying one."""
+    try:
+        message = json.loads(line)  # unlike the SDK's parser, accepts lone surrogates
+    except ValueError:
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None
+    return request_id
+
+
 @asynccontextmanager
-async def _cancellable_stdin() -> AsyncIterator[anyio.AsyncFile[str] | None]:
+async def _answer_malformed(
+    read: ReadStream[SessionMessage | Exception],
+    write: WriteStream[SessionMessage],
+    rejected: deque[types.RequestId | None],
+) -> AsyncIterator[ReadStream[SessionMessage | Exception]]:
+    """The client's messages, where every line the SDK could not parse (malformed JSON, a
+    lone surrogate, not JSON-RPC) is answered with a JSON-RPC error instead of silence (the
+    SDK only logs it, and the client would wait for its reply forever)."""
+    send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+    async def pump() -> None:
+        async with send:
+            async for item in read:
+                if not isinstance(item, Exception):
+                    await send.send(item)
+                    continue
+                request_id = rejected.popleft() if rejected else None
+                if "json_invalid" in str(item):  # malformed JSON, a lone surrogate
+                    error = types.ErrorData(code=types.PARSE_ERROR, message="Parse error")
+                else:  # JSON, but not a JSON-RPC message
+                    error = types.ErrorData(code=types.INVALID_REQUEST, message="Invalid request")
+                reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+                await write.send(SessionMessage(reply))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pump)
+        yield receive
+        tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _cancellable_stdin(
+    rejected: deque[types.RequestId | None],
+) -> AsyncIterator[anyio.AsyncFile[str] | None]:
     """A loop-driven reader over fd 0 when it is a pipe or socket, else None (SDK default).
 
     Only pipes and sockets: making a terminal or file non-blocking would change it for
@@ -210,6 +272,6 @@ async def _cancellable_stdin() -> AsyncIterator[anyio.AsyncFile[str] | None]:
         lambda: asyncio.StreamReaderProtocol(reader), pipe
     )
     try:
-        yield _StreamLines(reader)
+        yield _StreamLines(reader, rejected)
     finally:
         transport.close()

@@ -14,7 +14,6 @@ from typing import Any
 from ..render import render_error
 from .context import ToolResult
 
-
 MAX_WAIT_MS = 2**53
 
 
