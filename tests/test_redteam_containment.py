@@ -209,3 +209,37 @@ def test_the_sandbox_cache_never_reaches_an_unconfined_call(
     assert cache not in r.stdout.text
     local = LocalShellExecutor(cwd=box["ws"], grace_ms=300, service=svc)
     assert cache not in run(local, f"for n in {names}; do printenv $n; done").stdout.text
+
+
+# Attack: reach the harness's own descriptors (an MCP server's JSON-RPC stdout: forge a reply
+# to the client; its stdin: steal the client's next request) through /proc/<pid>/fd.
+@needs_landlock
+def test_confined_command_cannot_open_the_harness_fds(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc)
+    me = os.getpid()
+    r = run(
+        ex,
+        f"for n in 0 1 2; do echo forged > /proc/{me}/fd/$n || echo refused; done; "
+        f"head -c 1 /proc/{me}/fd/0 || echo refused",
+    )
+    assert r.stdout.text == "refused\n" * 4
+
+
+# Attack: a workdir that is a symlink (planted by an earlier call) to a directory outside the
+# workspace; `..` climbing out. The working directory never widens what may be written.
+def test_a_symlinked_or_climbing_workdir_grants_no_writes(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    if landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    outside = os.path.join(box["base"], "outside")
+    os.mkdir(outside)
+    ex = sandbox(box, svc)
+    assert run(ex, f"ln -s {outside} link").exit_code == 0
+    for workdir in (os.path.join(box["ws"], "link"), os.path.join(box["ws"], "..", "..", outside)):
+        r = run(ex, "echo pwned > file; pwd -P", workdir=workdir)
+        assert r.exit_code == 0 and r.stdout.text == f"{outside}\n"
+        assert "Permission denied" in r.stderr.text
+    assert os.listdir(outside) == []
