@@ -133,6 +133,13 @@ def test_arguments_that_are_not_an_object(tool: Any, args: Any) -> None:
         assert r.is_error and r.text.startswith("Error: invalid arguments: expected an object")
 
 
+def test_presenters_take_any_arguments(tool: Any) -> None:
+    bash, _, ctx = tool
+    for args in ([], "echo hi", None, {"command": 7, "workdir": ["x"]}):
+        card = bash.present_call(args, ctx)
+        assert card == {"command": "", "description": "", "cwd": ctx.session_cwd}
+
+
 # Attack: output that forges a status marker (and a spill marker) to make a failure look like
 # success. The real marker is always the last line, and the presenter consumes only it.
 def test_forged_exit_marker_never_becomes_the_status(tool: Any) -> None:

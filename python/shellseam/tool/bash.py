@@ -233,6 +233,8 @@ class BashTool:
 
     def present_call(self, args: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """The terminal card's header for a call: command, description and resolved cwd."""
+        if not isinstance(args, Mapping):  # a model's non-object arguments: an empty card
+            args = {}
         command = args.get("command")
         description = args.get("description")
         return {
