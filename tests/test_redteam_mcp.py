@@ -126,3 +126,25 @@ def test_model_arguments_of_odd_types_over_the_wire(wire: Wire) -> None:
         reply = wire.reply()
         assert reply["id"] == 100 + n
         assert reply["result"]["content"][0]["text"] == text
+
+
+def test_an_over_long_line_is_answered_and_skipped(wire: Wire) -> None:
+    # SPEC §6: over 64 MiB is answered with an error and skipped, never a crash. Before the
+    # fix the limit was 256 MiB and a longer line ended the connection.
+    filler = b"x" * (64 * 2**20 + 10)
+    wire.send(tool_call(41, b'{"command":"echo %s","description":"d"}' % filler))
+    reply = wire.reply(60)
+    assert reply["id"] == 41
+    assert reply["error"]["code"] == -32700
+    assert "longer than 67108864 bytes" in reply["error"]["message"]
+    wire.send(tool_call(42, b'{"command":"echo ok","description":"d"}'))
+    reply = wire.reply()
+    assert reply["id"] == 42
+    assert reply["result"]["content"][0]["text"] == "ok\n[exit code: 0]"
+
+
+def test_a_long_line_under_the_limit_still_runs(wire: Wire) -> None:
+    payload = b"y" * (8 * 2**20)
+    wire.send(tool_call(43, b'{"command":"printf %%s %s | wc -c","description":"d"}' % payload))
+    reply = wire.reply(60)
+    assert reply["result"]["content"][0]["text"] == f"{len(payload)}\n[exit code: 0]"

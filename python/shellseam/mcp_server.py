@@ -16,6 +16,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -44,8 +45,14 @@ from .tool.tasks import task_tools
 from .types import SANDBOX_MODES, SandboxMode
 
 # A JSON-RPC line from a client can carry a whole file; asyncio's default 64 KiB line limit
-# would kill the connection on the first large tool argument.
-_MAX_MESSAGE_BYTES = 256 * 2**20
+# would kill the connection on the first large tool argument. A longer line is answered with
+# an error and skipped (SPEC §6).
+_MAX_MESSAGE_BYTES = 64 * 2**20
+_TOO_LONG = f"Parse error: message longer than {_MAX_MESSAGE_BYTES} bytes"
+
+# A line the SDK will refuse, in order: its request id when known, and the error to answer
+# (None: decided from the SDK's exception).
+_Rejection = tuple["types.RequestId | None", "types.ErrorData | None"]
 
 
 class _Tool(Protocol):
@@ -107,7 +114,7 @@ async def _serve(mode: SandboxMode | None, workdir: str, home: str) -> None:
             # A stop signal cancels the serving below (an in-flight bash call kills its
             # process group on cancellation); the disposal in `finally` does the rest.
             tg.start_soon(_cancel_on_stop_signal, tg.cancel_scope)
-            rejected: deque[types.RequestId | None] = deque()
+            rejected: deque[_Rejection] = deque()
             async with (
                 _cancellable_stdin(rejected) as stdin,
                 stdio_server(stdin=stdin) as (read, write),
@@ -180,28 +187,60 @@ class _StreamLines(anyio.AsyncFile[str]):
     would hang. Reading through the loop makes the pending read cancellable.
     """
 
-    def __init__(
-        self, reader: asyncio.StreamReader, rejected: deque[types.RequestId | None]
-    ) -> None:
+    def __init__(self, reader: asyncio.StreamReader, rejected: deque[_Rejection]) -> None:
         # The base class wants a file object; every read is overridden to use the reader.
         super().__init__(io.StringIO())
         self._reader = reader
         self._rejected = rejected
 
     async def readline(self) -> str:
-        line = (await self._reader.readline()).decode("utf-8", errors="replace")
+        try:
+            raw = await self._reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as eof:
+            raw = eof.partial  # the last line without a newline, or b"" at EOF
+        except asyncio.LimitOverrunError as overrun:
+            # Over the limit: keep the head (for the id), drop the rest of the line, and
+            # hand the SDK an empty line it refuses, so the client gets its error reply.
+            head = await self._reader.readexactly(min(overrun.consumed, 4096))
+            await self._skip_line()
+            request_id = _request_id_in_head(head)
+            error = types.ErrorData(code=types.PARSE_ERROR, message=_TOO_LONG)
+            self._rejected.append((request_id, error))
+            return "\n"
+        line = raw.decode("utf-8", errors="replace")
         if line:  # "" is EOF, which ends the iteration; a blank line is refused like others
             # The SDK will refuse this line with an exception that no longer knows its
             # request id: remember the id (in order) so the error reply can carry it.
             try:
                 types.jsonrpc_message_adapter.validate_json(line, by_name=False)
             except ValueError:
-                self._rejected.append(_request_id(line))
+                self._rejected.append((_request_id(line), None))
         return line
+
+    async def _skip_line(self) -> None:
+        """Consume the rest of an over-long line, up to and including its newline (or EOF)."""
+        while True:
+            try:
+                await self._reader.readuntil(b"\n")
+                return
+            except asyncio.LimitOverrunError as overrun:
+                await self._reader.readexactly(overrun.consumed)
+            except asyncio.IncompleteReadError:
+                return
 
     async def __aiter__(self) -> AsyncIterator[str]:
         while line := await self.readline():
             yield line
+
+
+def _request_id_in_head(head: bytes) -> types.RequestId | None:
+    """The id of an over-long message, when its first bytes carry it before any params."""
+    head = head.split(b'"params"', 1)[0]
+    found = re.search(rb'"id"\s*:\s*(-?\d+|"[^"\\]*")\s*[,}]', head)
+    if found is None:
+        return None
+    request_id: types.RequestId = json.loads(found.group(1))
+    return request_id
 
 
 def _request_id(line: str) -> types.RequestId | None:
@@ -220,7 +259,7 @@ def _request_id(line: str) -> types.RequestId | None:
 async def _answer_malformed(
     read: ReadStream[SessionMessage | Exception],
     write: WriteStream[SessionMessage],
-    rejected: deque[types.RequestId | None],
+    rejected: deque[_Rejection],
 ) -> AsyncIterator[ReadStream[SessionMessage | Exception]]:
     """The client's messages, where every line the SDK could not parse (malformed JSON, a
     lone surrogate, not JSON-RPC) is answered with a JSON-RPC error instead of silence (the
@@ -233,10 +272,10 @@ async def _answer_malformed(
                 if not isinstance(item, Exception):
                     await send.send(item)
                     continue
-                request_id = rejected.popleft() if rejected else None
-                if "json_invalid" in str(item):  # malformed JSON, a lone surrogate
+                request_id, error = rejected.popleft() if rejected else (None, None)
+                if error is None and "json_invalid" in str(item):  # malformed, a lone surrogate
                     error = types.ErrorData(code=types.PARSE_ERROR, message="Parse error")
-                else:  # JSON, but not a JSON-RPC message
+                elif error is None:  # JSON, but not a JSON-RPC message
                     error = types.ErrorData(code=types.INVALID_REQUEST, message="Invalid request")
                 reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
                 await write.send(SessionMessage(reply))
@@ -249,7 +288,7 @@ async def _answer_malformed(
 
 @asynccontextmanager
 async def _cancellable_stdin(
-    rejected: deque[types.RequestId | None],
+    rejected: deque[_Rejection],
 ) -> AsyncIterator[anyio.AsyncFile[str] | None]:
     """A loop-driven reader over fd 0 when it is a pipe or socket, else None (SDK default).
 
