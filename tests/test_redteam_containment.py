@@ -268,3 +268,46 @@ def test_unconfined_root_command_cannot_escape_its_memory_limit(
     assert r.resources is not None
     assert r.resources.limit_exceeded == "memory"
     assert r.stdout.text == ""
+
+
+def _marked(token: str) -> list[int]:
+    """Live processes whose environment carries `token` (the test's own marker)."""
+    found = []
+    needle = f"RT_MARK={token}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and process_alive(int(name)):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+# Attack: the classic fork bomb. Under a process limit the call still ends (at its timeout),
+# reports the limit, and leaves nothing behind.
+@pytest.mark.parametrize("confined", [False, True])
+def test_a_fork_bomb_ends_with_its_call(
+    box: dict[str, str], svc: SubprocessService, confined: bool
+) -> None:
+    if confined and landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    limits = ResourceLimits(max_processes=64)
+    ex = (
+        sandbox(box, svc, limits=limits)
+        if confined
+        else LocalShellExecutor(cwd=box["ws"], grace_ms=300, service=svc, limits=limits)
+    )
+    token = os.urandom(8).hex()
+    try:
+        r = run(ex, "bomb() { bomb | bomb & }; bomb; wait", timeout_ms=3000, env={"RT_MARK": token})
+        assert r.timed_out or r.exit_code is not None
+        assert r.resources is not None
+        if r.resources.enforcement == "tree":
+            assert r.resources.limit_exceeded == "processes"
+        assert _marked(token) == []
+    finally:
+        for pid in _marked(token):
+            kill_quietly(pid)
