@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shellseam import (
     BashTool,
@@ -210,3 +212,55 @@ def test_extra_keys_are_never_forwarded(tool: Any) -> None:
     r = call(bash, args, ctx)
     assert r.text == "[]\n[exit code: 0]"
     assert r.details is not None and r.details["stdout"]["truncated"] is False
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_keys = st.sampled_from(
+    [
+        "command",
+        "description",
+        "timeoutMs",
+        "workdir",
+        "run_in_background",
+        "sandbox_permissions",
+        "justification",
+        "env",
+        "stdin",
+    ]
+)
+
+
+# Attack: any JSON object a model can produce. The tool answers with a ToolResult every time:
+# an `Error: ...` (is_error) or a rendering whose last line is a status marker.
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    args=st.dictionaries(_keys, _json, max_size=6),
+    command=st.sampled_from([None, "true", "exit 3"]),
+)
+def test_any_json_arguments_get_a_tool_result(
+    tool: Any, args: dict[str, Any], command: str | None
+) -> None:
+    bash, _, ctx = tool
+    if isinstance(args.get("command"), str):
+        args["command"] = "true"  # never run generated text as a shell command
+    if command is not None:
+        args = {**args, "command": command, "description": "d"}
+    args.pop("run_in_background", None)  # a started task would outlive the example
+    r = call(bash, args, ctx)
+    assert isinstance(r, ToolResult)
+    if r.is_error:
+        assert r.text.startswith("Error: ") and "\n" not in r.text
+    else:
+        assert parse_exit_status(r.text)[1] is not None
