@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::adopted::{Adopted, Owner, RESCAN};
-use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
+use crate::adopted::Adopted;
+use crate::cgroup::{CallCgroup, ServiceCgroups};
 use crate::contain::CallContainment;
 use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::forksafe::ForkClosed;
@@ -35,6 +35,12 @@ use crate::sys::{
 };
 use nix::sys::epoll::{Epoll, EpollFlags};
 use nix::sys::eventfd::EventFd;
+
+mod containment;
+#[cfg(test)]
+mod tests;
+
+use containment::KeeperSlot;
 
 /// What an epoll registration watches; the u64 is the process token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,15 +84,6 @@ pub(crate) struct Shared {
     keeper: Mutex<KeeperSlot>,
     /// Settled calls whose orphans a subreaper harness may still have to reap.
     adopted: Mutex<Adopted>,
-}
-
-/// The keeper's command line and, once started, the keeper (see `keeper.rs`).
-#[derive(Default)]
-struct KeeperSlot {
-    command: Option<(CString, Vec<CString>)>,
-    keep_spill: bool,
-    running: Option<Keeper>,
-    spill_told: bool,
 }
 
 /// A subprocess service: the supervisor thread plus every process it owns.
@@ -134,136 +131,6 @@ impl Shared {
     fn route(&self, key: u64) -> Option<Source> {
         lock(&self.routes).get(&key).copied()
     }
-
-    /// The service's cgroups, created on first use; None where the host has none.
-    fn cgroups(&self) -> Option<&ServiceCgroups> {
-        self.cgroups
-            .get_or_init(|| {
-                let set = ServiceCgroups::new(hierarchy()).ok()?;
-                self.tell_keeper(|k| {
-                    k.send(&format!("cgroup {}", set.parent().display()));
-                    for dir in set.parents().iter().skip(1) {
-                        k.send(&format!("dir {}", dir.display()));
-                    }
-                });
-                Some(set)
-            })
-            .as_ref()
-    }
-
-    /// Runs `f` with the keeper, starting it on first use (no keeper configured: no-op).
-    fn tell_keeper(&self, f: impl FnOnce(&Keeper)) {
-        let mut slot = lock(&self.keeper);
-        if slot.running.is_none() {
-            let Some((program, argv)) = slot.command.clone() else {
-                return;
-            };
-            match Keeper::start(&program, argv) {
-                Ok(k) => slot.running = Some(k),
-                Err(_) => {
-                    slot.command = None; // no keeper on this host; do not retry per call
-                    return;
-                }
-            }
-        }
-        if let Some(k) = &slot.running {
-            f(k);
-        }
-    }
-
-    /// Tells the keeper about the spill directory once it exists (unless it is kept).
-    pub fn note_spill_dir(&self) {
-        let told = {
-            let slot = lock(&self.keeper);
-            slot.spill_told || slot.keep_spill
-        };
-        if told {
-            return;
-        }
-        let Some(dir) = lock(&self.spill).path().map(|p| p.to_path_buf()) else {
-            return;
-        };
-        self.tell_keeper(|k| k.send(&format!("spill {}", dir.display())));
-        lock(&self.keeper).spill_told = true;
-    }
-
-    /// Watches the call's `cgroup.events` so that its emptying wakes the loop.
-    pub fn watch_cgroup_events(&self, token: u64, contain: &mut CallContainment) {
-        let Some(cg) = &contain.cgroup else { return };
-        if contain.events.is_some() {
-            return;
-        }
-        if let Ok(fd) = cg.events_fd() {
-            crate::cgroup::rearm_events(&fd);
-            let key = self
-                .watch(&fd, EpollFlags::EPOLLPRI, Source::Cgroup(token))
-                .ok();
-            contain.events = Some((fd, key));
-        }
-    }
-
-    /// The call settled: stop watching it, queue its cgroup for the pool, reap zombies of
-    /// its killed descendants that a subreaper harness inherited, and let the keeper
-    /// forget a session group.
-    pub fn end_containment(&self, pgid: libc::pid_t, contain: &mut CallContainment) {
-        if let Some((fd, key)) = contain.events.take() {
-            self.unwatch(&fd, key);
-        }
-        let owner = match contain.cgroup.take() {
-            Some(cg) => {
-                let tail = cg_tail(cg.path());
-                let set = self.cgroups.get().and_then(Option::as_ref);
-                match set {
-                    // The common case, at once: no fd of the call outlives its completion.
-                    Some(set) if ServiceCgroups::reusable(&cg, contain.emptied) => set.pool(cg),
-                    _ => {
-                        // rmdir or a populated check: off the caller's path.
-                        lock(&self.releases).push(cg);
-                        eventfd_raise(&self.wake);
-                    }
-                }
-                Owner::Cgroup(tail)
-            }
-            None => {
-                self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
-                Owner::Group(pgid)
-            }
-        };
-        let now = Instant::now();
-        if lock(&self.adopted).settled(owner, now) {
-            self.add_timer(now + RESCAN, 0, true);
-        }
-    }
-
-    /// Looks again for adopted zombies of settled calls (subreaper harnesses only).
-    fn reap_adopted(&self) {
-        let now = Instant::now();
-        if lock(&self.adopted).reap(now) {
-            self.add_timer(now + RESCAN, 0, false);
-        }
-    }
-
-    /// Removes cgroups that cannot be reused (supervisor thread, no process lock held).
-    fn recycle(&self) {
-        let done: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.releases));
-        if let Some(set) = self.cgroups.get().and_then(Option::as_ref) {
-            for cg in done {
-                set.release(cg);
-            }
-        }
-    }
-}
-
-/// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.
-fn cg_tail(path: &std::path::Path) -> String {
-    let mut parts = path.iter().rev().take(2).collect::<Vec<_>>();
-    parts.reverse();
-    let mut tail = String::new();
-    for part in parts {
-        tail.push('/');
-        tail.push_str(&part.to_string_lossy());
-    }
-    tail
 }
 
 impl Service {
@@ -576,109 +443,5 @@ fn supervise(shared: &Arc<Shared>) {
         }
         shared.recycle();
         shared.reap_adopted();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kill::group_members;
-    use std::ffi::CString;
-    use std::time::Duration;
-
-    fn plan(cmd: &str) -> SpawnPlan {
-        let c = |s: &str| CString::new(s).unwrap();
-        SpawnPlan {
-            program: c("/bin/bash"),
-            argv: vec![c("bash"), c("-c"), c(cmd)],
-            envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
-            cwd: c("/"),
-            confinement: None,
-            script: None,
-            cgroup: None,
-            join_cgroups: Vec::new(),
-            rlimits: Vec::new(),
-        }
-    }
-
-    fn cfg(cap: usize) -> ProcConfig {
-        ProcConfig {
-            stdout_cap: cap,
-            stderr_cap: cap,
-            spill_cap: 1 << 20,
-            grace: Duration::from_millis(300),
-            stdin: Vec::new(),
-            limits: crate::contain::CallLimits::default(),
-            cgroup: true,
-        }
-    }
-
-    #[test]
-    fn runs_and_collects() {
-        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let p = svc
-            .spawn(&mut plan("echo out; echo err >&2; exit 3"), cfg(1000))
-            .unwrap();
-        assert!(p.wait(Some(Duration::from_secs(10))));
-        let o = p.outcome().unwrap();
-        assert_eq!(o.exit_code, Some(3));
-        let (out, err) = p.collected();
-        assert_eq!(out.text, "out\n");
-        assert_eq!(err.text, "err\n");
-        svc.dispose(false);
-    }
-
-    #[test]
-    fn stdin_is_written_then_closed() {
-        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let mut c = cfg(1000);
-        c.stdin = b"hello".to_vec();
-        let p = svc.spawn(&mut plan("cat"), c).unwrap();
-        assert!(p.wait(Some(Duration::from_secs(10))));
-        assert_eq!(p.collected().0.text, "hello");
-        svc.dispose(false);
-    }
-
-    #[test]
-    fn leftover_holding_pipes_is_killed_after_grace() {
-        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let p = svc
-            .spawn(&mut plan("sleep 100 & echo hi"), cfg(1000))
-            .unwrap();
-        assert!(p.wait(Some(Duration::from_secs(10))));
-        let o = p.outcome().unwrap();
-        assert_eq!(o.exit_code, Some(0));
-        assert_eq!(o.leftover_killed, 1);
-        assert!(group_members(p.pgid()).gone());
-        svc.dispose(false);
-    }
-
-    #[test]
-    fn kill_escalates_to_sigkill() {
-        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let p = svc
-            .spawn(&mut plan("trap '' TERM; sleep 100"), cfg(1000))
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(p.kill());
-        assert!(!p.kill());
-        assert!(p.wait(Some(Duration::from_secs(10))));
-        assert_eq!(p.outcome().unwrap().signal, Some(libc::SIGKILL));
-        svc.dispose(false);
-    }
-
-    #[test]
-    fn missing_workdir_is_a_chdir_error() {
-        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let mut p = plan("true");
-        p.cwd = CString::new("/nonexistent/dir").unwrap();
-        match svc.spawn(&mut p, cfg(10)) {
-            Err(CoreError::Spawn(e)) => {
-                assert_eq!(e.stage, crate::errors::SpawnStage::Chdir);
-                assert_eq!(e.errno, libc::ENOENT);
-            }
-            _ => panic!("expected a chdir spawn error"),
-        }
-        svc.dispose(false);
     }
 }

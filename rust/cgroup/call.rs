@@ -1,0 +1,394 @@
+//! One call's cgroup: the v2 directory the child is cloned into plus the v1 `memory`/`pids`
+//! cgroups it joins on hybrid hosts. It applies the call's tree limits, lists and signals
+//! the members, kills them all (`cgroup.kill`), watches `cgroup.events` for emptying and
+//! reads the call's usage against baselines taken when the cgroup last went to the pool.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use super::{keyed, open_at, open_dir, read_at, write_at, TreeLimits, Usage};
+
+/// One cgroup directory of a call (v2 or one v1 controller). Its fd is open only while a
+/// call uses it: idle pooled cgroups hold no descriptors.
+pub(super) struct Dir {
+    pub(super) path: PathBuf,
+    fd: Option<OwnedFd>,
+}
+
+impl Dir {
+    pub(super) fn create(path: PathBuf) -> io::Result<Self> {
+        match fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let fd = Some(open_dir(&path)?);
+        Ok(Self { path, fd })
+    }
+
+    fn open(&mut self) -> io::Result<()> {
+        if self.fd.is_none() {
+            self.fd = Some(open_dir(&self.path)?);
+        }
+        Ok(())
+    }
+
+    /// The open fd (-1 when closed: every use then fails cleanly with EBADF).
+    pub(super) fn raw(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+}
+
+/// One call's cgroups. `dir` is what the child is cloned into; `memory`/`pids` are v1
+/// cgroups the child joins before exec (hybrid hosts).
+pub struct CallCgroup {
+    pub(super) dir: Dir,
+    pub(super) memory: Option<Dir>,
+    pub(super) pids: Option<Dir>,
+    pub(super) v2_memory: bool,
+    pub(super) v2_pids: bool,
+    pub(super) applied: TreeLimits,
+    /// `cgroup.kill` was written: on this kernel generation a later
+    /// `clone3(CLONE_INTO_CGROUP)` into it compares kill sequence numbers of two different
+    /// cgroups and SIGKILLs the new child, so a killed cgroup is never reused.
+    pub(super) killed: bool,
+    /// Whether this call uses the memory / pids controller (joined on v1, always on v2).
+    pub(super) use_memory: bool,
+    pub(super) use_pids: bool,
+    /// v2 `memory.peak`, reset through this fd for each call (the reset is per open file).
+    pub(super) peak: Option<fs::File>,
+    pub(super) cpu_base: u64,
+    pub(super) pids_max_base: u64,
+    pub(super) oom_base: u64,
+}
+
+impl CallCgroup {
+    /// The v2 directory fd for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn dir_fd(&self) -> RawFd {
+        self.dir.raw()
+    }
+
+    /// v1 directories the child joins (by writing "0" to their `cgroup.procs`): only the
+    /// controllers this call needs, since each join is a cgroup migration.
+    pub fn join_fds(&self) -> Vec<RawFd> {
+        let memory = self.memory.as_ref().filter(|_| self.use_memory);
+        let pids = self.pids.as_ref().filter(|_| self.use_pids);
+        [memory, pids].into_iter().flatten().map(Dir::raw).collect()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir.path
+    }
+
+    fn memory_file(&self) -> (&str, &str, Option<RawFd>) {
+        if self.v2_memory {
+            ("memory.max", "memory.swap.max", Some(self.dir.raw()))
+        } else {
+            (
+                "memory.limit_in_bytes",
+                "memory.memsw.limit_in_bytes",
+                self.memory.as_ref().map(Dir::raw),
+            )
+        }
+    }
+
+    /// Sets the call's whole-tree limits, writing only what changed since the last use.
+    pub fn apply(&mut self, limits: TreeLimits) -> io::Result<()> {
+        // On v1 a controller costs a migration per call: only a call with that limit pays.
+        self.use_memory = self.v2_memory || limits.memory_bytes.is_some();
+        self.use_pids = self.v2_pids || limits.max_processes.is_some();
+        if self.v2_memory {
+            let mut peak = open_at(self.dir.raw(), "memory.peak", libc::O_RDWR)?;
+            let _ = peak.write_all(b"reset");
+            self.peak = Some(peak);
+        } else if self.use_memory {
+            if let Some(mem) = &self.memory {
+                // The peak of this call only: reset to the current usage.
+                let _ = write_at(mem.raw(), "memory.max_usage_in_bytes", "0");
+            }
+        }
+        if limits.memory_bytes != self.applied.memory_bytes {
+            let (limit, swap, fd) = self.memory_file();
+            if let Some(fd) = fd {
+                let unlimited = if self.v2_memory { "max" } else { "-1" };
+                let value = limits
+                    .memory_bytes
+                    .map_or(unlimited.to_string(), |v| v.to_string());
+                if self.v2_memory {
+                    write_at(fd, limit, &value)?;
+                    let _ = write_at(
+                        fd,
+                        swap,
+                        if limits.memory_bytes.is_some() {
+                            "0"
+                        } else {
+                            "max"
+                        },
+                    );
+                } else {
+                    // v1 requires memsw >= memory at every step: order the two writes.
+                    let lowering = match (limits.memory_bytes, self.applied.memory_bytes) {
+                        (Some(new), Some(old)) => new < old,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    };
+                    if lowering {
+                        write_at(fd, limit, &value)?;
+                        let _ = write_at(fd, swap, &value);
+                    } else {
+                        let _ = write_at(fd, swap, &value);
+                        write_at(fd, limit, &value)?;
+                    }
+                }
+            }
+            self.applied.memory_bytes = limits.memory_bytes;
+        }
+        if limits.max_processes != self.applied.max_processes {
+            let fd = if self.v2_pids {
+                Some(self.dir.raw())
+            } else {
+                self.pids.as_ref().map(Dir::raw)
+            };
+            if let Some(fd) = fd {
+                let value = limits
+                    .max_processes
+                    .map_or("max".to_string(), |v| v.to_string());
+                write_at(fd, "pids.max", &value)?;
+            }
+            self.applied.max_processes = limits.max_processes;
+        }
+        Ok(())
+    }
+
+    fn dirs(&mut self) -> impl Iterator<Item = &mut Dir> {
+        [
+            Some(&mut self.dir),
+            self.memory.as_mut(),
+            self.pids.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Opens the directories a call with `limits` needs (each open is a syscall per call).
+    pub(super) fn open(&mut self, limits: TreeLimits) -> io::Result<()> {
+        self.dir.open()?;
+        let applied = self.applied;
+        if let Some(m) = &mut self.memory {
+            if limits.memory_bytes.is_some() || applied.memory_bytes != limits.memory_bytes {
+                m.open()?;
+            }
+        }
+        if let Some(p) = &mut self.pids {
+            if limits.max_processes.is_some() || applied.max_processes != limits.max_processes {
+                p.open()?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn close(&mut self) {
+        self.dirs().for_each(|d| d.fd = None);
+    }
+
+    /// Reads the baselines of counters that cannot be reset (a new cgroup).
+    pub(super) fn rebase(&mut self) {
+        self.cpu_base = self.cpu_usec_total();
+        self.pids_max_base = self.pids_max_events();
+        self.oom_base = self.oom_kills();
+    }
+
+    fn cpu_usec_total(&self) -> u64 {
+        read_at(self.dir.raw(), "cpu.stat")
+            .ok()
+            .and_then(|t| keyed(&t, "usage_usec"))
+            .unwrap_or(0)
+    }
+
+    fn pids_max_events(&self) -> u64 {
+        let fd = if self.v2_pids {
+            Some(self.dir.raw())
+        } else {
+            self.pids.as_ref().map(Dir::raw)
+        };
+        fd.and_then(|fd| read_at(fd, "pids.events").ok())
+            .and_then(|t| keyed(&t, "max"))
+            .unwrap_or(0)
+    }
+
+    fn oom_kills(&self) -> u64 {
+        if self.v2_memory {
+            return read_at(self.dir.raw(), "memory.events")
+                .ok()
+                .and_then(|t| keyed(&t, "oom_kill"))
+                .unwrap_or(0);
+        }
+        self.memory
+            .as_ref()
+            .and_then(|m| read_at(m.raw(), "memory.oom_control").ok())
+            .and_then(|t| keyed(&t, "oom_kill"))
+            .unwrap_or(0)
+    }
+
+    /// CPU time of the call so far (user + system of every member, living or gone).
+    pub fn cpu_usec(&self) -> u64 {
+        self.cpu_usec_total().saturating_sub(self.cpu_base)
+    }
+
+    /// Accounting of the call; read once, before its completion is signalled, when its
+    /// processes are gone. The totals read become the next call's baselines.
+    pub fn usage(&mut self) -> Usage {
+        let peak = if let Some(mut file) = self.peak.take() {
+            let mut text = String::new();
+            file.read_to_string(&mut text).ok().map(|_| text)
+        } else if self.use_memory {
+            self.memory
+                .as_ref()
+                .and_then(|m| read_at(m.raw(), "memory.max_usage_in_bytes").ok())
+        } else {
+            None
+        };
+        let cpu_total = self.cpu_usec_total();
+        let mut usage = Usage {
+            cpu_usec: cpu_total.saturating_sub(self.cpu_base),
+            peak_memory_bytes: peak.and_then(|t| t.trim().parse().ok()),
+            oom_killed: false,
+            forks_refused: false,
+        };
+        self.cpu_base = cpu_total;
+        if self.use_memory {
+            let ooms = self.oom_kills();
+            usage.oom_killed = ooms > self.oom_base;
+            self.oom_base = ooms;
+        }
+        if self.use_pids {
+            let refused = self.pids_max_events();
+            usage.forks_refused = refused > self.pids_max_base;
+            self.pids_max_base = refused;
+        }
+        usage
+    }
+
+    /// Live members (zombies are not listed by cgroup v2).
+    pub fn members(&self) -> Vec<libc::pid_t> {
+        read_at(self.dir.raw(), "cgroup.procs")
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether any process is still in the cgroup.
+    pub fn populated(&self) -> bool {
+        read_at(self.dir.raw(), "cgroup.events")
+            .ok()
+            .and_then(|t| keyed(&t, "populated"))
+            != Some(0)
+    }
+
+    /// An fd on `cgroup.events` that raises EPOLLPRI when `populated` changes.
+    pub fn events_fd(&self) -> io::Result<OwnedFd> {
+        Ok(open_at(self.dir.raw(), "cgroup.events", libc::O_RDONLY)?.into())
+    }
+
+    /// Sends `sig` to every member; returns how many were signalled.
+    pub fn signal_all(&self, sig: libc::c_int) -> usize {
+        let mut n = 0;
+        for pid in self.members() {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            if unsafe { libc::kill(pid, sig) } == 0 {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// SIGKILLs every member at once, including ones forked while we look.
+    pub fn kill_all(&mut self) -> io::Result<()> {
+        self.killed = true;
+        write_at(self.dir.raw(), "cgroup.kill", "1")
+    }
+}
+
+/// Re-arms an EPOLLPRI watch on `cgroup.events`: kernfs reports a change until the file
+/// is read again.
+pub fn rearm_events(fd: &OwnedFd) {
+    let mut buf = [0u8; 128];
+    // SAFETY: pread into a stack buffer from an fd we own.
+    unsafe {
+        libc::pread(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            0,
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::{hierarchy, ServiceCgroups};
+    use std::ffi::CString;
+
+    #[test]
+    fn child_is_cloned_into_its_cgroup_with_rlimits() {
+        use crate::spawn::{spawn, SpawnPlan};
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        let svc = ServiceCgroups::new(h).expect("service cgroups");
+        let mut cg = svc
+            .acquire(TreeLimits {
+                memory_bytes: None,
+                max_processes: Some(8),
+            })
+            .expect("acquire");
+        let c = |s: &str| CString::new(s).unwrap();
+        let plan = SpawnPlan {
+            program: c("/bin/sleep"),
+            argv: vec![c("sleep"), c("5")],
+            envp: std::sync::Arc::new(vec![]),
+            cwd: c("/"),
+            confinement: None,
+            script: None,
+            cgroup: Some(cg.dir_fd()),
+            join_cgroups: cg.join_fds(),
+            rlimits: vec![(libc::RLIMIT_NOFILE, 77, 77)],
+        };
+        let child = spawn(&plan).expect("spawn");
+        assert_eq!(cg.members(), vec![child.pid]);
+        assert!(cg.populated());
+        let own = fs::read_to_string(format!("/proc/{}/cgroup", child.pid)).unwrap();
+        let name = svc
+            .parent()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            own.lines().filter(|l| l.contains(&name)).count() >= 2,
+            "{own}"
+        );
+        let limits = fs::read_to_string(format!("/proc/{}/limits", child.pid)).unwrap();
+        assert!(
+            limits
+                .lines()
+                .any(|l| l.starts_with("Max open files") && l.contains(" 77 ")),
+            "{limits}"
+        );
+        cg.kill_all().expect("cgroup.kill");
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        assert!(libc::WIFSIGNALED(status));
+        assert!(!cg.populated());
+        let killed = cg.path().to_path_buf();
+        svc.release(cg);
+        assert!(!killed.exists(), "a killed cgroup is removed, never pooled");
+        svc.remove_all();
+        assert!(!svc.parent().exists());
+    }
+}

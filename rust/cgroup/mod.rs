@@ -1,0 +1,120 @@
+//! A cgroup per call: containment of every descendant, whole-call limits and accounting.
+//!
+//! The call's processes live in a cgroup v2 directory under a parent the service owns, so a
+//! process that leaves the command's session (`setsid`, a double-forking daemon) is still
+//! found, signalled and counted, and `cgroup.kill` empties the call at the end. Limits use
+//! the controllers the host offers: v2 `memory`/`pids` where enabled, else (legacy/hybrid
+//! hosts) per-call v1 `memory` and `pids` cgroups that the child joins before exec. CPU time
+//! comes from the v2 `cpu.stat`, which exists without any controller.
+//!
+//! `mkdir`/`rmdir` stay off the hot path: a call takes a cgroup from the service's pool and
+//! gives it back once empty; counters that cannot be reset (CPU, `pids.events`, OOM kills)
+//! are read as a baseline when the cgroup returns to the pool. A cgroup whose members would
+//! not die (uninterruptible sleep) is never reused.
+
+mod call;
+mod hierarchy;
+mod service;
+
+pub use call::{rearm_events, CallCgroup};
+pub use hierarchy::{hierarchy, Hierarchy};
+pub use service::{remove_tree, ServiceCgroups};
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Limits of one call that the cgroup enforces (the rest are rlimits, see `spawn.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TreeLimits {
+    pub memory_bytes: Option<u64>,
+    pub max_processes: Option<u64>,
+}
+
+/// Accounting of one finished call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_usec: u64,
+    pub peak_memory_bytes: Option<u64>,
+    pub oom_killed: bool,
+    pub forks_refused: bool,
+}
+
+pub(super) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: opens a NUL-terminated path; the returned fd is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is fresh and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub(super) fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<fs::File> {
+    let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: openat relative to a directory fd we hold, with a NUL-terminated name.
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is fresh and owned by nobody else.
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
+}
+
+/// Reads a cgroup file. kernfs hands over everything that fits in one read, so a short
+/// read is the end: one `read` per small file instead of two.
+pub(super) fn read_at(dir: RawFd, name: &str) -> io::Result<String> {
+    let mut file = open_at(dir, name, libc::O_RDONLY)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|_| io::Error::from_raw_os_error(libc::EILSEQ))
+}
+
+pub(super) fn write_at(dir: RawFd, name: &str, value: &str) -> io::Result<()> {
+    open_at(dir, name, libc::O_WRONLY)?.write_all(value.as_bytes())
+}
+
+/// The value of `key` in a flat-keyed file (`cpu.stat`, `cgroup.events`, `pids.events`).
+pub(super) fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_keyed_values() {
+        let t = "usage_usec 42\nuser_usec 40\n";
+        assert_eq!(keyed(t, "usage_usec"), Some(42));
+        assert_eq!(keyed(t, "nope"), None);
+        assert_eq!(keyed("populated 0\nfrozen 0\n", "populated"), Some(0));
+    }
+}

@@ -1,0 +1,311 @@
+//! The cgroups of one service: the parents it owns (a v2 parent, and v1 `memory`/`pids`
+//! parents where the v2 controllers are unavailable), the pool of idle call cgroups that
+//! keeps `mkdir`/`rmdir` off the hot path, and removal: of a call's cgroups, of the whole
+//! tree at dispose, and of stale parents left by harnesses that died without cleaning up.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::call::Dir;
+use super::{lock, write_at, CallCgroup, Hierarchy, TreeLimits};
+
+/// Idle cgroups kept per service for reuse; more are removed when they come back.
+const POOL_MAX: usize = 64;
+
+/// Parent name unique to this process and service.
+fn parent_name() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "shellseam-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The cgroups of one service: parents it owns and a pool of idle call cgroups.
+pub struct ServiceCgroups {
+    parent: PathBuf,
+    memory_parent: Option<PathBuf>,
+    pids_parent: Option<PathBuf>,
+    v2_memory: bool,
+    v2_pids: bool,
+    pool: Mutex<Vec<CallCgroup>>,
+    next: AtomicU64,
+}
+
+impl ServiceCgroups {
+    /// Creates the service's parents; `Err` means no cgroup containment on this host.
+    pub fn new(h: &Hierarchy) -> io::Result<Self> {
+        let v2 = h
+            .v2
+            .as_ref()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no cgroup v2 hierarchy"))?;
+        let name = parent_name();
+        let parent = v2.join(&name);
+        fs::create_dir(&parent)?;
+        for dir in [Some(v2), h.memory_v1.as_ref(), h.pids_v1.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            sweep_stale(dir);
+        }
+        let (mut v2_memory, mut v2_pids) = (h.v2_memory, h.v2_pids);
+        if v2_memory || v2_pids {
+            let mut want = String::new();
+            if v2_memory {
+                want.push_str("+memory ");
+            }
+            if v2_pids {
+                want.push_str("+pids");
+            }
+            if fs::write(parent.join("cgroup.subtree_control"), want.trim()).is_err() {
+                (v2_memory, v2_pids) = (false, false);
+            }
+        }
+        let v1 = |dir: &Option<PathBuf>, enabled: bool| {
+            if enabled {
+                return None;
+            }
+            let p = dir.as_ref()?.join(&name);
+            fs::create_dir(&p).ok().map(|()| p)
+        };
+        let memory_parent = v1(&h.memory_v1, v2_memory);
+        let pids_parent = v1(&h.pids_v1, v2_pids);
+        Ok(Self {
+            parent,
+            memory_parent,
+            pids_parent,
+            v2_memory,
+            v2_pids,
+            pool: Mutex::new(Vec::new()),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    pub fn parent(&self) -> &Path {
+        &self.parent
+    }
+
+    /// Every directory this service owns, parents last (what the keeper removes).
+    pub fn parents(&self) -> Vec<PathBuf> {
+        [
+            Some(self.parent.clone()),
+            self.memory_parent.clone(),
+            self.pids_parent.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    pub fn has_memory(&self) -> bool {
+        self.v2_memory || self.memory_parent.is_some()
+    }
+
+    pub fn has_pids(&self) -> bool {
+        self.v2_pids || self.pids_parent.is_some()
+    }
+
+    pub fn memory_controller(&self) -> Option<&'static str> {
+        if self.v2_memory {
+            Some("cgroup v2")
+        } else {
+            self.memory_parent.as_ref().map(|_| "cgroup v1")
+        }
+    }
+
+    pub fn pids_controller(&self) -> Option<&'static str> {
+        if self.v2_pids {
+            Some("cgroup v2")
+        } else {
+            self.pids_parent.as_ref().map(|_| "cgroup v1")
+        }
+    }
+
+    fn create(&self) -> io::Result<CallCgroup> {
+        let name = format!("c{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let dir = Dir::create(self.parent.join(&name))?;
+        let memory = match &self.memory_parent {
+            Some(p) => Some(Dir::create(p.join(&name))?),
+            None => None,
+        };
+        let pids = match &self.pids_parent {
+            Some(p) => Some(Dir::create(p.join(&name))?),
+            None => None,
+        };
+        if let Some(m) = &memory {
+            // OOM inside the call kills a member instead of pausing the call.
+            let _ = write_at(m.raw(), "memory.oom_control", "0");
+        }
+        if self.v2_memory {
+            // v2: an OOM kill takes the whole call, not one arbitrary member.
+            let _ = write_at(dir.raw(), "memory.oom.group", "1");
+        }
+        let mut cg = CallCgroup {
+            dir,
+            memory,
+            pids,
+            v2_memory: self.v2_memory,
+            v2_pids: self.v2_pids,
+            applied: TreeLimits::default(),
+            killed: false,
+            use_memory: false,
+            use_pids: false,
+            peak: None,
+            cpu_base: 0,
+            pids_max_base: 0,
+            oom_base: 0,
+        };
+        cg.rebase();
+        Ok(cg)
+    }
+
+    /// A cgroup for a new call with `limits` applied.
+    pub fn acquire(&self, limits: TreeLimits) -> io::Result<CallCgroup> {
+        let pooled = lock(&self.pool).pop();
+        let mut cg = match pooled {
+            Some(cg) => cg,
+            None => self.create()?,
+        };
+        if let Err(e) = cg.open(limits).and_then(|()| cg.apply(limits)) {
+            remove(cg);
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    /// Whether `cg` can go straight back to the pool: its call emptied it and it was never
+    /// `cgroup.kill`ed. `pool` then takes it without a syscall beyond closing its fds.
+    pub fn reusable(cg: &CallCgroup, emptied: bool) -> bool {
+        emptied && !cg.killed
+    }
+
+    /// Returns an emptied, reusable cgroup to the pool (see `reusable`).
+    pub fn pool(&self, mut cg: CallCgroup) {
+        cg.close();
+        let mut pool = lock(&self.pool);
+        if pool.len() < POOL_MAX {
+            pool.push(cg);
+        } else {
+            drop(pool);
+            remove(cg);
+        }
+    }
+
+    /// Disposes of a cgroup that is not plainly reusable: removes a killed one, leaves one
+    /// that is still populated (members that would not die) until the service goes away.
+    pub fn release(&self, cg: CallCgroup) {
+        if cg.killed || !cg.populated() {
+            remove(cg);
+        }
+    }
+
+    /// Removes every idle cgroup and the parents (call after every call has settled).
+    pub fn remove_all(&self) {
+        let idle: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.pool));
+        for cg in idle {
+            remove(cg);
+        }
+        for parent in self.parents() {
+            remove_tree(&parent);
+        }
+    }
+}
+
+fn remove(cg: CallCgroup) {
+    let paths: Vec<PathBuf> = [Some(&cg.dir), cg.memory.as_ref(), cg.pids.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.path.clone())
+        .collect();
+    drop(cg);
+    for p in paths {
+        let _ = fs::remove_dir(p);
+    }
+}
+
+/// Removes the empty cgroup parents of services whose harness is gone (its keeper could
+/// not clean up, e.g. it was SIGKILLed too). Only `shellseam-<pid>-<n>` directories of
+/// dead pids, and only empty ones: rmdir refuses a populated cgroup.
+fn sweep_stale(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("shellseam-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_tree(&entry.path());
+        }
+    }
+}
+
+/// rmdir of a cgroup subtree, children first (cgroup dirs hold only virtual files).
+pub fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::hierarchy;
+
+    #[test]
+    fn a_new_service_sweeps_empty_parents_of_dead_harnesses() {
+        let h = hierarchy();
+        let Some(root) = h.v2.as_ref() else { return };
+        // A pid that is surely dead: a reaped child of ours.
+        let child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let dead = child.id();
+        let mut child = child;
+        child.wait().unwrap();
+        let stale = root.join(format!("shellseam-{dead}-7"));
+        fs::create_dir_all(stale.join("c0")).unwrap();
+        let svc = ServiceCgroups::new(h).expect("service cgroups");
+        assert!(!stale.exists());
+        svc.remove_all();
+    }
+
+    #[test]
+    fn pool_round_trip_on_this_host() {
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return; // no writable cgroup2 here
+        }
+        let svc = ServiceCgroups::new(h).expect("service cgroups");
+        assert!(svc.has_pids() && svc.has_memory(), "{h:?}");
+        let cg = svc
+            .acquire(TreeLimits {
+                memory_bytes: Some(1 << 30),
+                max_processes: Some(64),
+            })
+            .expect("acquire");
+        assert!(!cg.populated());
+        assert!(cg.members().is_empty());
+        let path = cg.path().to_path_buf();
+        assert!(ServiceCgroups::reusable(&cg, true));
+        svc.pool(cg);
+        let again = svc.acquire(TreeLimits::default()).expect("reuse");
+        assert_eq!(again.path(), path);
+        svc.release(again); // not plainly reusable: removed at once
+        assert!(!path.exists());
+        svc.remove_all();
+        assert!(!path.exists());
+        assert!(!svc.parent().exists());
+    }
+}

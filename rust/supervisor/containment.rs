@@ -1,0 +1,155 @@
+//! The service's containment glue on `Shared`: its cgroups (created on the first contained
+//! call and announced to the keeper), the keeper itself, and what happens when a call
+//! settles: its cgroup goes back to the pool or is queued for removal off the caller's path,
+//! and zombies a subreaper harness adopted are reaped on a rescan timer.
+
+use std::ffi::CString;
+use std::time::Instant;
+
+use super::{Shared, Source};
+use crate::adopted::{Owner, RESCAN};
+use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
+use crate::contain::CallContainment;
+use crate::keeper::Keeper;
+use crate::sys::{eventfd_raise, lock};
+use nix::sys::epoll::EpollFlags;
+/// The keeper's command line and, once started, the keeper (see `keeper.rs`).
+#[derive(Default)]
+pub(super) struct KeeperSlot {
+    pub(super) command: Option<(CString, Vec<CString>)>,
+    pub(super) keep_spill: bool,
+    pub(super) running: Option<Keeper>,
+    pub(super) spill_told: bool,
+}
+
+impl Shared {
+    /// The service's cgroups, created on first use; None where the host has none.
+    pub(super) fn cgroups(&self) -> Option<&ServiceCgroups> {
+        self.cgroups
+            .get_or_init(|| {
+                let set = ServiceCgroups::new(hierarchy()).ok()?;
+                self.tell_keeper(|k| {
+                    k.send(&format!("cgroup {}", set.parent().display()));
+                    for dir in set.parents().iter().skip(1) {
+                        k.send(&format!("dir {}", dir.display()));
+                    }
+                });
+                Some(set)
+            })
+            .as_ref()
+    }
+
+    /// Runs `f` with the keeper, starting it on first use (no keeper configured: no-op).
+    pub(super) fn tell_keeper(&self, f: impl FnOnce(&Keeper)) {
+        let mut slot = lock(&self.keeper);
+        if slot.running.is_none() {
+            let Some((program, argv)) = slot.command.clone() else {
+                return;
+            };
+            match Keeper::start(&program, argv) {
+                Ok(k) => slot.running = Some(k),
+                Err(_) => {
+                    slot.command = None; // no keeper on this host; do not retry per call
+                    return;
+                }
+            }
+        }
+        if let Some(k) = &slot.running {
+            f(k);
+        }
+    }
+
+    /// Tells the keeper about the spill directory once it exists (unless it is kept).
+    pub fn note_spill_dir(&self) {
+        let told = {
+            let slot = lock(&self.keeper);
+            slot.spill_told || slot.keep_spill
+        };
+        if told {
+            return;
+        }
+        let Some(dir) = lock(&self.spill).path().map(|p| p.to_path_buf()) else {
+            return;
+        };
+        self.tell_keeper(|k| k.send(&format!("spill {}", dir.display())));
+        lock(&self.keeper).spill_told = true;
+    }
+
+    /// Watches the call's `cgroup.events` so that its emptying wakes the loop.
+    pub fn watch_cgroup_events(&self, token: u64, contain: &mut CallContainment) {
+        let Some(cg) = &contain.cgroup else { return };
+        if contain.events.is_some() {
+            return;
+        }
+        if let Ok(fd) = cg.events_fd() {
+            crate::cgroup::rearm_events(&fd);
+            let key = self
+                .watch(&fd, EpollFlags::EPOLLPRI, Source::Cgroup(token))
+                .ok();
+            contain.events = Some((fd, key));
+        }
+    }
+
+    /// The call settled: stop watching it, queue its cgroup for the pool, reap zombies of
+    /// its killed descendants that a subreaper harness inherited, and let the keeper
+    /// forget a session group.
+    pub fn end_containment(&self, pgid: libc::pid_t, contain: &mut CallContainment) {
+        if let Some((fd, key)) = contain.events.take() {
+            self.unwatch(&fd, key);
+        }
+        let owner = match contain.cgroup.take() {
+            Some(cg) => {
+                let tail = cg_tail(cg.path());
+                let set = self.cgroups.get().and_then(Option::as_ref);
+                match set {
+                    // The common case, at once: no fd of the call outlives its completion.
+                    Some(set) if ServiceCgroups::reusable(&cg, contain.emptied) => set.pool(cg),
+                    _ => {
+                        // rmdir or a populated check: off the caller's path.
+                        lock(&self.releases).push(cg);
+                        eventfd_raise(&self.wake);
+                    }
+                }
+                Owner::Cgroup(tail)
+            }
+            None => {
+                self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
+                Owner::Group(pgid)
+            }
+        };
+        let now = Instant::now();
+        if lock(&self.adopted).settled(owner, now) {
+            self.add_timer(now + RESCAN, 0, true);
+        }
+    }
+
+    /// Looks again for adopted zombies of settled calls (subreaper harnesses only).
+    pub(super) fn reap_adopted(&self) {
+        let now = Instant::now();
+        if lock(&self.adopted).reap(now) {
+            self.add_timer(now + RESCAN, 0, false);
+        }
+    }
+
+    /// Removes cgroups that cannot be reused (supervisor thread, no process lock held).
+    pub(super) fn recycle(&self) {
+        let done: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.releases));
+        if let Some(set) = self.cgroups.get().and_then(Option::as_ref) {
+            for cg in done {
+                set.release(cg);
+            }
+        }
+    }
+}
+
+/// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.
+fn cg_tail(path: &std::path::Path) -> String {
+    let mut parts = path.iter().rev().take(2).collect::<Vec<_>>();
+    parts.reverse();
+    let mut tail = String::new();
+    for part in parts {
+        tail.push('/');
+        tail.push_str(&part.to_string_lossy());
+    }
+    tail
+}
