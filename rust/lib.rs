@@ -5,6 +5,7 @@
 pub mod collector;
 pub mod env;
 pub mod errors;
+pub mod floor;
 pub mod kill;
 pub mod landlock;
 mod lifecycle;
