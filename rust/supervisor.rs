@@ -19,7 +19,7 @@ use std::time::Instant;
 use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::kill::signal_group;
 use crate::lifecycle::{self, Timers};
-use crate::pipes::READ_CHUNK;
+use crate::pipes::{Drain, READ_CHUNK};
 use crate::process::{Proc, ProcConfig};
 use crate::spawn::{spawn, SpawnPlan};
 use crate::spill::SpillDir;
@@ -81,8 +81,13 @@ impl Shared {
     pub fn add_timer(&self, at: Instant, token: u64, wake: bool) {
         lock(&self.timers_in).push((at, token));
         if wake {
-            eventfd_raise(&self.wake);
+            self.wake_supervisor();
         }
+    }
+
+    /// Makes the supervisor loop run once more (it picks up new timers then).
+    pub fn wake_supervisor(&self) {
+        eventfd_raise(&self.wake);
     }
 
     fn get(&self, token: u64) -> Option<Arc<Proc>> {
@@ -319,10 +324,10 @@ fn supervise(shared: &Arc<Shared>) {
             let mut st = lock(&proc.state);
             match source {
                 Source::Stdout(_) => {
-                    lifecycle::drain_stream(&proc, &mut st, true, &mut scratch, false)
+                    lifecycle::drain_stream(&proc, &mut st, true, &mut scratch, Drain::Streaming)
                 }
                 Source::Stderr(_) => {
-                    lifecycle::drain_stream(&proc, &mut st, false, &mut scratch, false)
+                    lifecycle::drain_stream(&proc, &mut st, false, &mut scratch, Drain::Streaming)
                 }
                 Source::Stdin(_) => lifecycle::feed_stdin(&proc, &mut st),
                 Source::Exit(_) => lifecycle::reap_leader(&proc, &mut st),
@@ -380,6 +385,38 @@ mod tests {
         let (out, err) = p.collected();
         assert_eq!(out.text, "out\n");
         assert_eq!(err.text, "err\n");
+        svc.dispose(false);
+    }
+
+    #[test]
+    fn caller_and_supervisor_settle_each_run_exactly_once() {
+        // The waiting caller and the supervisor race to settle every exit: each run must
+        // keep its exact status and every byte, whoever wins.
+        let svc = Service::new(std::env::temp_dir()).unwrap();
+        for i in 0..200 {
+            let cmd = format!("head -c {} /dev/zero; exit {}", 1000 * i, i % 7);
+            let p = svc.spawn(&plan(&cmd), cfg(1 << 20)).unwrap();
+            assert!(p.wait(Some(Duration::from_secs(10))));
+            let o = p.outcome().unwrap();
+            assert_eq!(o.exit_code, Some(i % 7));
+            assert!(!o.exit_status_unknown);
+            assert_eq!(p.collected().0.total_bytes, 1000 * i as u64);
+        }
+        assert_eq!(svc.running(), 0);
+        svc.dispose(false);
+    }
+
+    #[test]
+    fn a_timed_out_wait_leaves_the_run_to_the_supervisor() {
+        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let p = svc.spawn(&plan("sleep 0.3; echo late"), cfg(1000)).unwrap();
+        assert!(!p.wait(Some(Duration::from_millis(10))));
+        // Nobody waits in `wait` now: the supervisor alone must settle it.
+        let notifier = Arc::new(crate::notifier::Notifier::new().unwrap());
+        p.subscribe(Arc::clone(&notifier));
+        assert_eq!(notifier.wait(Some(Duration::from_secs(10))), vec![p.token]);
+        assert!(p.is_done());
+        assert_eq!(p.collected().0.text, "late\n");
         svc.dispose(false);
     }
 
