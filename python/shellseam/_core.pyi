@@ -20,6 +20,7 @@ __all__ = [
     "SandboxError",
     "SpawnError",
     "Supervisor",
+    "bench_minimal_reader",
     "build_ruleset",
     "landlock_abi",
     "landlock_fs_rights",
@@ -169,6 +170,8 @@ class Proc:
     def done(self) -> bool: ...
     def kill(self) -> bool: ...
     def wait(self, timeout: float | None = None) -> bool: ...
+    def wait_result(self, timeout: float | None = None) -> Finished | None:
+        """Waits until done, then returns the result in the same call; None on timeout."""
     def subscribe(self, notifier: Notifier) -> None: ...
     def outcome(self) -> Outcome | None:
         """How it ended, or None while running."""

@@ -36,6 +36,7 @@ from .service import (
     ChildEnv,
     Collected,
     EnvBuilder,
+    Finished,
     ManagedProcess,
     Ruleset,
     SubprocessService,
@@ -218,15 +219,14 @@ class LocalShellExecutor(ShellExecutor):
         )
 
     def _result(
-        self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
+        self, spec: ShellExecSpec, finished: Finished, cause: Cause | None
     ) -> ShellRunResult:
-        finished = proc.result()
-        assert finished is not None, "a result is built only for a finished process"
         outcome = finished.outcome
         stderr = _collected(finished.stderr)
+        signum = outcome.signal
         return ShellRunResult(
             exit_code=outcome.exit_code,
-            signal=signal_name(outcome.signal),
+            signal=None if signum is None else signal_name(signum),
             timed_out=cause == "timeout",
             aborted=cause == "abort",
             timeout_ms=spec.timeout_ms,
@@ -256,21 +256,29 @@ class LocalShellExecutor(ShellExecutor):
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
-        if spec.signal is not None and spec.signal.aborted:
+        signal = spec.signal
+        if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
         deadline = Deadline(proc.kill)
-        with deadline.watching(spec.signal):
-            try:
-                if not proc.wait(spec.timeout_ms / 1000):
-                    deadline.on_timeout()
-                    proc.wait(None)
-            except BaseException:
-                # KeyboardInterrupt while waiting: nothing may be left running.
-                proc.kill()
-                proc.wait(None)
-                raise
-        return self._result(spec, proc, deadline.cause)
+        # The hot path: one native call waits and hands back the result; the abort listener
+        # exists only when there is a signal to listen to.
+        remove = None if signal is None else signal.add_listener(deadline.on_abort)
+        try:
+            finished = proc.wait_result(spec.timeout_ms / 1000)
+            if finished is None:
+                deadline.on_timeout()
+                finished = proc.wait_result(None)
+        except BaseException:
+            # KeyboardInterrupt while waiting: nothing may be left running.
+            proc.kill()
+            proc.wait(None)
+            raise
+        finally:
+            if remove is not None:
+                remove()
+        assert finished is not None, "an unbounded wait returns the result"
+        return self._result(spec, finished, deadline.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
@@ -289,7 +297,9 @@ class LocalShellExecutor(ShellExecutor):
                     except asyncio.CancelledError:
                         continue
                 raise
-        return self._result(spec, proc, deadline.cause)
+        finished = proc.result()
+        assert finished is not None, "a settled process has a result"
+        return self._result(spec, finished, deadline.cause)
 
     # -- background --------------------------------------------------------------------
 

@@ -114,6 +114,10 @@ class ManagedProcess:
         infinity: no timeout); True when settled."""
         return self._proc.wait(timeout)
 
+    def wait_result(self, timeout: float | None = None) -> Finished | None:
+        """``wait`` then ``result`` in one native call; None when ``timeout`` passed first."""
+        return self._proc.wait_result(timeout)
+
     async def wait_async(self) -> None:
         """Resolves when settled, woken by the loop's eventfd (no thread)."""
         await self._service._wait_async(self._proc)

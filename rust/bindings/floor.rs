@@ -10,7 +10,7 @@ use crate::floor::minimal_reader;
 /// non-blocking reads of `buf_bytes`, the last `tail_bytes` kept in a ring) and returns
 /// the wall time in seconds, spawn to reap. A benchmark diagnostic (GIL released).
 #[pyfunction]
-#[pyo3(signature = (argv, buf_bytes = 1 << 20, tail_bytes = 64 * 1024))]
+#[pyo3(signature = (argv, buf_bytes = 1048576, tail_bytes = 65536))]
 pub fn bench_minimal_reader(
     py: Python<'_>,
     argv: Vec<String>,
