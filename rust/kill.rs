@@ -34,13 +34,34 @@ pub fn group_alive(pgid: libc::pid_t) -> bool {
     matches!(signal_group(pgid, 0), Ok(true))
 }
 
-/// Counts the live members of a group by scanning /proc; zombies are not counted, they
-/// are already dead and only wait for their parent.
-pub fn count_group(pgid: libc::pid_t) -> usize {
+/// `PF_EXITING` in the flags field of /proc/<pid>/stat (include/linux/sched.h).
+const PF_EXITING: u64 = 0x4;
+
+/// The members of a group that are not yet zombies, from a scan of /proc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Members {
+    /// Running, sleeping or stopped: what a kill still has to stop.
+    pub live: usize,
+    /// Already in exit(2) (`PF_EXITING`), not yet zombies. A process closes its pipes (our
+    /// EOF) before it turns into a zombie, so a background job that printed its last line
+    /// and exited can be caught in between: it is going away on its own, not a leftover.
+    pub exiting: usize,
+}
+
+impl Members {
+    /// Nothing of the group is left but zombies waiting for their reaper.
+    pub fn gone(self) -> bool {
+        self.live == 0 && self.exiting == 0
+    }
+}
+
+/// Counts the members of a group by scanning /proc. Zombies are not counted, they are
+/// already dead and only wait for their parent.
+pub fn group_members(pgid: libc::pid_t) -> Members {
+    let mut members = Members::default();
     let Ok(entries) = fs::read_dir("/proc") else {
-        return 0;
+        return members;
     };
-    let mut count = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
@@ -50,23 +71,26 @@ pub fn count_group(pgid: libc::pid_t) -> usize {
         let Ok(stat) = fs::read_to_string(format!("/proc/{name}/stat")) else {
             continue;
         };
-        if let Some((state, pgrp)) = parse_stat(&stat) {
-            if pgrp == pgid && state != 'Z' && state != 'X' {
-                count += 1;
-            }
+        match parse_stat(&stat) {
+            Some((state, pgrp, _)) if pgrp != pgid || state == 'Z' || state == 'X' => {}
+            Some((_, _, flags)) if flags & PF_EXITING != 0 => members.exiting += 1,
+            Some(_) => members.live += 1,
+            None => {}
         }
     }
-    count
+    members
 }
 
-/// (state, pgrp) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
-fn parse_stat(stat: &str) -> Option<(char, libc::pid_t)> {
+/// (state, pgrp, flags) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
+fn parse_stat(stat: &str) -> Option<(char, libc::pid_t, u64)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let _ppid = fields.next()?;
     let pgrp = fields.next()?.parse().ok()?;
-    Some((state, pgrp))
+    // session, tty_nr, tpgid, then flags.
+    let flags = fields.nth(3)?.parse().ok()?;
+    Some((state, pgrp, flags))
 }
 
 #[cfg(test)]
@@ -75,8 +99,13 @@ mod tests {
 
     #[test]
     fn parses_stat_with_odd_comm() {
-        let line = "123 (a) b (c)) S 1 456 456 0 -1";
-        assert_eq!(parse_stat(line), Some(('S', 456)));
+        let line = "123 (a) b (c)) S 1 456 456 0 -1 4194560 0";
+        assert_eq!(parse_stat(line), Some(('S', 456, 4194560)));
+        let exiting = "9 (sh) R 1 456 456 0 -1 4194564 0";
+        assert_eq!(
+            parse_stat(exiting).map(|s| s.2 & PF_EXITING),
+            Some(PF_EXITING)
+        );
     }
 
     #[test]
@@ -91,6 +120,6 @@ mod tests {
     fn own_group_is_alive_and_counted() {
         let pgid = nix::unistd::getpgrp().as_raw();
         assert!(group_alive(pgid));
-        assert!(count_group(pgid) >= 1);
+        assert!(group_members(pgid).live >= 1);
     }
 }

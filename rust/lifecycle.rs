@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use crate::kill::{count_group, group_alive, signal_group};
+use crate::kill::{group_alive, group_members, signal_group};
 use crate::pipes::{Drain, OutStream};
 use crate::process::{LeaderExit, Proc, ProcState};
 use crate::sys::{lock, reap_nonblocking, Reaped};
@@ -175,12 +175,15 @@ pub(crate) fn settle_exited(proc: &Proc, st: &mut ProcState) {
 fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     close_stdin(proc, st);
     if group_alive(proc.pid) {
-        let left = count_group(proc.pid);
-        if left > 0 {
-            st.leftover_killed = st
-                .leftover_killed
-                .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
-            let _ = signal_group(proc.pid, libc::SIGTERM);
+        let members = group_members(proc.pid);
+        if !members.gone() {
+            // Members already exiting are not leftovers; the call still waits for them.
+            if members.live > 0 {
+                st.leftover_killed = st
+                    .leftover_killed
+                    .saturating_add(u32::try_from(members.live).unwrap_or(u32::MAX));
+                let _ = signal_group(proc.pid, libc::SIGTERM);
+            }
             st.phase = Phase::Reaping {
                 sigkill_sent: false,
             };
@@ -207,7 +210,7 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
         Phase::Reaping { sigkill_sent } => {
             // Count live members, not the group's existence: a killed orphan stays a
             // zombie until init reaps it, and some inits (containers) take their time.
-            if !group_alive(proc.pid) || count_group(proc.pid) == 0 {
+            if !group_alive(proc.pid) || group_members(proc.pid).gone() {
                 finish(proc, st, now);
             } else if due && !sigkill_sent {
                 let _ = signal_group(proc.pid, libc::SIGKILL);

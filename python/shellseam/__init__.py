@@ -10,7 +10,7 @@ from .errors import ShellError
 from .executor import ShellExecutor
 from .local import LocalShellExecutor
 from .process import ShellProcess
-from .render import parse_exit_status, render_result
+from .render import parse_exit_status, render_markers, render_result
 from .sandbox import SandboxShellExecutor, landlock_abi
 from .service import SubprocessService, default_service
 from .tasks import TaskInfo, TaskNotFound, TaskRead, TaskRuntime
@@ -77,6 +77,7 @@ __all__ = [
     "default_service",
     "landlock_abi",
     "parse_exit_status",
+    "render_markers",
     "render_result",
     "task_tools",
 ]

@@ -65,15 +65,34 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
 
-def _bash_path() -> bytes:
-    for candidate in ("/bin/bash", "/usr/bin/bash"):
-        if os.access(candidate, os.X_OK):
+def _shell_path(shell: str) -> bytes:
+    """The program ``shell`` names: an absolute path as is, a bare name from /bin, /usr/bin
+    or ``$PATH``. Resolved once, when the executor is built."""
+    if os.path.isabs(shell):
+        candidates = [shell]
+    else:
+        candidates = [f"/bin/{shell}", f"/usr/bin/{shell}"]
+        found = shutil.which(shell)
+        if found is not None:
+            candidates.append(found)
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return os.fsencode(candidate)
-    found = shutil.which("bash")
-    return os.fsencode(found or "/bin/bash")
+    raise ValueError(f"shell {shell!r} is not an executable program on this machine")
 
 
-_BASH = _bash_path()
+def _check_shell(shell: object) -> str:
+    if not isinstance(shell, str):
+        raise TypeError(f"shell must be a str, got {type(shell).__name__}")
+    if not shell or "\0" in shell or ("/" in shell and not os.path.isabs(shell)):
+        raise ValueError(f"shell must be a program name or an absolute path, got {shell!r}")
+    return shell
+
+
+try:
+    _BASH = _shell_path("bash")
+except ValueError:  # no bash here: every spawn fails with SPAWN_FAILED naming the path
+    _BASH = b"/bin/bash"
 
 
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -91,7 +110,12 @@ _EMPTY = CollectedOutput(
 
 
 class LocalShellExecutor(ShellExecutor):
-    """Runs each command as a fresh non-login ``bash -c`` with the harness's privileges."""
+    """Runs each command as a fresh non-login ``bash -c`` with the harness's privileges.
+
+    ``shell`` (not in SPEC, default ``"bash"``) names another POSIX shell to run as
+    ``<shell> -c <command>``, by program name or absolute path; ``argv[0]`` is the value as
+    given. The mini-swe-agent adapter uses ``"/bin/sh"``, as ``LocalEnvironment`` does.
+    """
 
     sandbox_mode: SandboxMode | None = None
 
@@ -107,6 +131,7 @@ class LocalShellExecutor(ShellExecutor):
         scrub_patterns: Sequence[str] = ("*KEY*", "*SECRET*", "*TOKEN*"),
         managed_prefix: str = "DSH_",
         service: SubprocessService | None = None,
+        shell: str = "bash",
     ) -> None:
         for name, value, maximum in (
             ("timeout_ms", timeout_ms, MAX_TIMEOUT_MS),
@@ -127,6 +152,13 @@ class LocalShellExecutor(ShellExecutor):
         self.scrub_patterns = tuple(scrub_patterns)
         self.managed_prefix = managed_prefix
         self._service = service
+        # Not in SPEC (which runs bash): front ends that must match another harness's shell
+        # exactly, such as mini-swe-agent's LocalEnvironment (``/bin/sh -c``), name it here.
+        # argv[0] is the value as given, so ``$0`` and the shell's own message prefix are
+        # what ``Popen(cmd, shell=True)`` gives when it is "/bin/sh".
+        self.shell = _check_shell(shell)
+        self._shell_program = _BASH if shell == "bash" else _shell_path(shell)
+        self._shell_argv0 = os.fsencode(shell)
         self._env = EnvBuilder(
             list(self.scrub_patterns), managed_prefix, _STARTUP_FILE_VARS, _pairs(TERMINAL_ENV)
         )
@@ -206,8 +238,8 @@ class LocalShellExecutor(ShellExecutor):
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
             raise invalid(f"not encodable as UTF-8: {err.reason}") from None
         return self.service.spawn(
-            program=_BASH,
-            argv=[b"bash", b"-c", command],
+            program=self._shell_program,
+            argv=[self._shell_argv0, b"-c", command],
             cwd=spec.workdir,
             env=self._child_env(spec),
             stdin=stdin,

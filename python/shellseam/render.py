@@ -1,10 +1,12 @@
 """Model-facing rendering of shell results: the exact strings a model reads (SPEC §5).
 
 ``render_result`` turns a foreground ``ShellRunResult`` into text whose last line is the
-exit-status marker; ``parse_exit_status`` inverts that marker for presenters (terminal cards
-show the status as a separate pill). The background strings (start acknowledgement, status
-details, lossy-read markers), the task tools' lines, completion notices, tool errors and
-the ``bash`` tool's prompt text live here too, so every model-facing string has one home.
+exit-status marker; ``render_markers`` gives the same markers without the output text, for
+front ends that show the output themselves; ``parse_exit_status`` inverts the status marker
+for presenters (terminal cards show the status as a separate pill). The background strings
+(start acknowledgement, status details, lossy-read markers), the task tools' lines, completion
+notices, tool errors and the ``bash`` tool's prompt text live here too, so every model-facing
+string has one home.
 """
 
 from __future__ import annotations
@@ -96,6 +98,32 @@ def _exit_status_marker(
     return None
 
 
+def _markers(result: ShellRunResult, *, status: bool) -> list[str]:
+    """Every marker a foreground rendering puts after the output text, in SPEC §5 order.
+
+    The one list of them: ``render_result`` (after the output) and ``render_markers``
+    (alone) both use it, so a marker added here shows in both.
+    """
+    stdout, stderr = result.stdout, result.stderr
+    parts = [_truncation_marker(s) for s in (stdout, stderr) if s.truncated]
+    if result.sandbox is not None and result.sandbox.denied:
+        parts.append(f"[sandbox: file access denied under {result.sandbox.mode} mode]")
+    if result.timed_out:
+        parts.append(f"[timed out after {result.timeout_ms}ms]")
+    if result.leftover_killed == 1:
+        parts.append("[stopped 1 leftover background process]")
+    elif result.leftover_killed > 1:
+        parts.append(f"[stopped {result.leftover_killed} leftover background processes]")
+    final = (
+        _exit_status_marker(result.exit_code, result.signal, result.exit_status_unknown)
+        if status
+        else None
+    )
+    if final is not None:
+        parts.append(final)
+    return parts
+
+
 def render_result(result: ShellRunResult) -> str:
     """Render a foreground result exactly as SPEC §5 "Rendering" orders it.
 
@@ -110,19 +138,19 @@ def render_result(result: ShellRunResult) -> str:
         parts += ["[stderr]", stderr.text]
     if not stdout.text and not stderr.text:
         parts.append(NO_OUTPUT)
-    parts += [_truncation_marker(s) for s in (stdout, stderr) if s.truncated]
-    if result.sandbox is not None and result.sandbox.denied:
-        parts.append(f"[sandbox: file access denied under {result.sandbox.mode} mode]")
-    if result.timed_out:
-        parts.append(f"[timed out after {result.timeout_ms}ms]")
-    if result.leftover_killed == 1:
-        parts.append("[stopped 1 leftover background process]")
-    elif result.leftover_killed > 1:
-        parts.append(f"[stopped {result.leftover_killed} leftover background processes]")
-    final = _exit_status_marker(result.exit_code, result.signal, result.exit_status_unknown)
-    if final is not None:
-        parts.append(final)
-    return join_parts(parts)
+    return join_parts([*parts, *_markers(result, status=True)])
+
+
+def render_markers(result: ShellRunResult, *, status: bool = True) -> str:
+    """The markers of ``render_result(result)`` without the output text, one per line.
+
+    For front ends that show the output themselves (live, or in a field of their own): the
+    truncation, sandbox-denial, timeout and leftover-process markers and, unless ``status``
+    is False (a front end that reports the exit status in a field of its own), the final
+    exit-status line. ``(no output)`` is not a marker and never appears. Empty when there
+    is nothing to mark (``status=False`` on a clean run, or a run that never spawned).
+    """
+    return join_parts(_markers(result, status=status))
 
 
 def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
