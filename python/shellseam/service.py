@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import os
 import tempfile
@@ -38,6 +39,10 @@ Finished: TypeAlias = _core.Finished
 ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
+
+#: Threads that spawn for event loops (see ``spawn_off_loop``): a fixed pool per service,
+#: never one per call.
+SPAWNER_THREADS = 2
 
 _STAGE_REASONS = {
     "chdir": "cannot change to the working directory",
@@ -172,6 +177,8 @@ class SubprocessService:
         self._callbacks: dict[int, list[Callable[[], None]]] = {}
         self._dispatch_notifier: _core.Notifier | None = None
         self._dispatcher: threading.Thread | None = None
+        self._spawners: concurrent.futures.ThreadPoolExecutor | None = None
+        self._spawners_pid = 0
 
     # -- facts -------------------------------------------------------------------------
 
@@ -236,6 +243,39 @@ class SubprocessService:
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
         return ManagedProcess(self, proc)
+
+    async def spawn_off_loop(self, spawn: Callable[[], ManagedProcess]) -> ManagedProcess:
+        """Runs ``spawn`` (a blocking call of ``spawn``) on one of the service's spawner
+        threads and awaits it.
+
+        Under vfork semantics the spawning thread sleeps until its child has exec'd, and with
+        many commands in flight the child first waits for a CPU: on the loop thread that
+        stalls every other run, one child at a time. A cancelled caller's process, if the
+        spawn went through meanwhile, is killed (the supervisor settles it)."""
+        pool = self._spawner_pool()
+        if pool is None:
+            return spawn()
+        try:
+            pending = pool.submit(spawn)
+        except RuntimeError:  # shut down by a concurrent dispose: spawn raises DISPOSED
+            return spawn()
+        try:
+            return await asyncio.wrap_future(pending)
+        except asyncio.CancelledError:
+            pending.add_done_callback(_kill_abandoned)
+            raise
+
+    def _spawner_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        with self._lock:
+            if self.disposed:
+                return None
+            if self._spawners is None or self._spawners_pid != os.getpid():
+                # (A forked child inherits no threads: it gets a pool of its own.)
+                self._spawners = concurrent.futures.ThreadPoolExecutor(
+                    SPAWNER_THREADS, thread_name_prefix="shellseam-spawn"
+                )
+                self._spawners_pid = os.getpid()
+            return self._spawners
 
     # -- waiting -----------------------------------------------------------------------
 
@@ -305,6 +345,10 @@ class SubprocessService:
         ``keep_spill``, which defaults to the service's setting)."""
         keep = self.keep_spill if keep_spill is None else keep_spill
         self._supervisor.dispose(keep_spill=keep)
+        with self._lock:
+            spawners, self._spawners = self._spawners, None
+        if spawners is not None and self._spawners_pid == os.getpid():
+            spawners.shutdown(wait=True)
         dispatcher = self._dispatcher
         if self._dispatch_notifier is not None:
             self._dispatch_notifier.wake()
@@ -316,6 +360,12 @@ class SubprocessService:
         for proc in self._supervisor.begin_dispose():
             await self._wait_async(proc)
         self.dispose(keep_spill)
+
+
+def _kill_abandoned(pending: concurrent.futures.Future[ManagedProcess]) -> None:
+    """A spawn that went through after its caller was cancelled: nobody waits for it."""
+    if not pending.cancelled() and pending.exception() is None:
+        pending.result().kill()
 
 
 _default: SubprocessService | None = None
