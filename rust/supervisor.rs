@@ -407,6 +407,24 @@ mod tests {
     }
 
     #[test]
+    fn ring_tail_is_the_streams_end_and_the_spill_its_head() {
+        // Far past the spill cap and round the tail ring many times: the tail must be
+        // exactly the stream's last bytes, and the spill file its exact head.
+        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let mut c = cfg(1000);
+        c.spill_cap = 10_000;
+        let p = svc.spawn(&plan("seq 1 300000"), c).unwrap();
+        assert!(p.wait(Some(Duration::from_secs(20))));
+        let out = p.collected().0;
+        let stream: String = (1..=300000).map(|i| format!("{i}\n")).collect();
+        assert_eq!(out.total_bytes, stream.len() as u64);
+        assert_eq!(out.text, stream[stream.len() - 1000..]);
+        let spilled = std::fs::read(out.spill_path.unwrap()).unwrap();
+        assert_eq!(spilled, stream.as_bytes()[..10_000]);
+        svc.dispose(false);
+    }
+
+    #[test]
     fn a_timed_out_wait_leaves_the_run_to_the_supervisor() {
         let svc = Service::new(std::env::temp_dir()).unwrap();
         let p = svc.spawn(&plan("sleep 0.3; echo late"), cfg(1000)).unwrap();
