@@ -316,7 +316,9 @@ class LocalShellExecutor(ShellExecutor):
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
-        proc = await self.service.spawn_off_loop(lambda: self._spawn(spec, spec.stdout_max_bytes))
+        proc = await self.service.spawn_off_loop(
+            lambda: self._spawn(spec, spec.stdout_max_bytes), ManagedProcess.kill
+        )
         deadline = Deadline(proc.kill)
         with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
             try:

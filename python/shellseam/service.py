@@ -22,13 +22,14 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, cast
+from typing import TypeAlias, TypeVar, cast
 
 from . import _core
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_int
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
 
 _log = logging.getLogger("shellseam")
+_T = TypeVar("_T")
 
 #: The native records a managed process reports (frozen, named fields).
 Outcome: TypeAlias = _core.Outcome
@@ -244,14 +245,14 @@ class SubprocessService:
             raise _shell_error(err, cwd) from None
         return ManagedProcess(self, proc)
 
-    async def spawn_off_loop(self, spawn: Callable[[], ManagedProcess]) -> ManagedProcess:
+    async def spawn_off_loop(self, spawn: Callable[[], _T], abandon: Callable[[_T], object]) -> _T:
         """Runs ``spawn`` (a blocking call of ``spawn``) on one of the service's spawner
-        threads and awaits it.
+        threads and awaits its result.
 
         Under vfork semantics the spawning thread sleeps until its child has exec'd, and with
         many commands in flight the child first waits for a CPU: on the loop thread that
-        stalls every other run, one child at a time. A cancelled caller's process, if the
-        spawn went through meanwhile, is killed (the supervisor settles it)."""
+        stalls every other run, one child at a time. When the caller is cancelled while the
+        spawn is under way, ``abandon`` gets what the spawn returned (it must kill it)."""
         pool = self._spawner_pool()
         if pool is None:
             return spawn()
@@ -262,7 +263,12 @@ class SubprocessService:
         try:
             return await asyncio.wrap_future(pending)
         except asyncio.CancelledError:
-            pending.add_done_callback(_kill_abandoned)
+
+            def landed(done: concurrent.futures.Future[_T]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    abandon(done.result())
+
+            pending.add_done_callback(landed)
             raise
 
     def _spawner_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
@@ -360,12 +366,6 @@ class SubprocessService:
         for proc in self._supervisor.begin_dispose():
             await self._wait_async(proc)
         self.dispose(keep_spill)
-
-
-def _kill_abandoned(pending: concurrent.futures.Future[ManagedProcess]) -> None:
-    """A spawn that went through after its caller was cancelled: nobody waits for it."""
-    if not pending.cancelled() and pending.exception() is None:
-        pending.result().kill()
 
 
 _default: SubprocessService | None = None
