@@ -292,13 +292,16 @@ class LocalShellExecutor(ShellExecutor):
         if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
         proc = self._spawn(spec, spec.stdout_max_bytes)
-        deadline = Deadline(proc.kill)
-        # The hot path: one native call waits and hands back the result; the abort listener
-        # exists only when there is a signal to listen to.
-        remove = None if signal is None else signal.add_listener(deadline.on_abort)
+        # The hot path: one native call waits and hands back the result; the deadline and
+        # its abort listener exist only when there is a signal to listen to or a timeout.
+        deadline = remove = None
+        if signal is not None:
+            deadline = Deadline(proc.kill)
+            remove = signal.add_listener(deadline.on_abort)
         try:
             finished = proc.wait_result(spec.timeout_ms / 1000)
             if finished is None:
+                deadline = deadline or Deadline(proc.kill)
                 deadline.on_timeout()
                 finished = proc.wait_result(None)
         except BaseException:
@@ -310,7 +313,7 @@ class LocalShellExecutor(ShellExecutor):
             if remove is not None:
                 remove()
         assert finished is not None, "an unbounded wait returns the result"
-        return self._result(spec, finished, deadline.cause)
+        return self._result(spec, finished, None if deadline is None else deadline.cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)

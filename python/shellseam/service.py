@@ -217,13 +217,24 @@ class SubprocessService:
 
         Caps and grace are checked here (``ValueError``/``TypeError`` naming them), so that
         no value reaches the core as an overflow."""
-        for name, value, maximum in (
-            ("stdout_cap", stdout_cap, MAX_BYTES),
-            ("stderr_cap", stderr_cap, MAX_BYTES),
-            ("spill_cap", spill_cap, MAX_BYTES),
-            ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+        # One comparison chain on the hot path; the per-name checks only to say what is wrong.
+        if not (
+            type(stdout_cap) is int
+            and type(stderr_cap) is int
+            and type(spill_cap) is int
+            and type(grace_ms) is int
+            and 0 <= stdout_cap <= MAX_BYTES
+            and 0 <= stderr_cap <= MAX_BYTES
+            and 0 <= spill_cap <= MAX_BYTES
+            and 0 <= grace_ms <= MAX_TIMEOUT_MS
         ):
-            config_int(value, name, minimum=0, maximum=maximum)
+            for name, value, maximum in (
+                ("stdout_cap", stdout_cap, MAX_BYTES),
+                ("stderr_cap", stderr_cap, MAX_BYTES),
+                ("spill_cap", spill_cap, MAX_BYTES),
+                ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+            ):
+                config_int(value, name, minimum=0, maximum=maximum)
         try:
             cwd_bytes = os.fsencode(cwd)
         except UnicodeEncodeError as err:
