@@ -8,17 +8,17 @@
 //! background reads: unread bytes older than the tail are dropped and flagged.
 
 use std::borrow::Cow;
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::PathBuf;
 
+use crate::spill::SpillFile;
 use crate::utf8;
 
 /// Spill bytes are buffered up to this size before one file write.
 const SPILL_BATCH_BYTES: usize = 256 * 1024;
 
 /// Opens a fresh spill file on demand.
-pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(File, PathBuf)>;
+pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(SpillFile, PathBuf)>;
 
 #[derive(Debug)]
 pub struct Collector {
@@ -29,7 +29,7 @@ pub struct Collector {
     ring: Vec<u8>,
     ring_start: usize,
     total: u64,
-    spill_file: Option<File>,
+    spill_file: Option<SpillFile>,
     spill_pending: Vec<u8>,
     spill_path: Option<PathBuf>,
     spill_written: u64,
@@ -140,7 +140,12 @@ impl Collector {
             return;
         }
         let room = self.spill_cap.saturating_sub(self.spill_written);
-        let take = (bytes.len() as u64).min(room) as usize;
+        let want = (bytes.len() as u64).min(room);
+        // The service's spill files share one total budget (max_spill_total_bytes).
+        let take = match &self.spill_file {
+            Some(file) => file.grant(want) as usize,
+            None => 0,
+        };
         if take < bytes.len() {
             self.spill_truncated = true;
         }
@@ -239,7 +244,7 @@ impl Collector {
 mod tests {
     use super::*;
 
-    fn no_spill() -> impl FnMut() -> io::Result<(File, PathBuf)> {
+    fn no_spill() -> impl FnMut() -> io::Result<(SpillFile, PathBuf)> {
         || Err(io::Error::other("no spill in this test"))
     }
 

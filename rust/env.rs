@@ -6,94 +6,8 @@ use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 
 use crate::errors::CoreError;
+use crate::scrub::{has_url_password, Pattern};
 
-/// Case-insensitive glob match supporting `*`, `?` and `[...]` classes (with `!`/`^`).
-pub fn glob_match(pattern: &str, name: &str) -> bool {
-    Pattern::new(pattern).matches(&name.to_uppercase())
-}
-
-fn match_from(p: &[char], n: &[char]) -> bool {
-    // Iterative wildcard matching with single-star backtracking: O(len(p) * len(n)).
-    let (mut pi, mut ni) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        if pi < p.len() {
-            match p[pi] {
-                '*' => {
-                    star = Some((pi, ni));
-                    pi += 1;
-                    continue;
-                }
-                '?' => {
-                    pi += 1;
-                    ni += 1;
-                    continue;
-                }
-                '[' => {
-                    if let Some((matched, next)) = class_match(&p[pi..], n[ni]) {
-                        if matched {
-                            pi += next;
-                            ni += 1;
-                            continue;
-                        }
-                    } else if n[ni] == '[' {
-                        pi += 1;
-                        ni += 1;
-                        continue;
-                    }
-                }
-                c if c == n[ni] => {
-                    pi += 1;
-                    ni += 1;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        match star {
-            Some((sp, sn)) => {
-                pi = sp + 1;
-                ni = sn + 1;
-                star = Some((sp, sn + 1));
-            }
-            None => return false,
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
-/// Matches `c` against the class starting at `p[0] == '['`; returns (matched, class length),
-/// or None when the class is unterminated (then `[` is literal).
-fn class_match(p: &[char], c: char) -> Option<(bool, usize)> {
-    let mut i = 1;
-    let negate = matches!(p.get(i), Some('!') | Some('^'));
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    let mut first = true;
-    while i < p.len() {
-        if p[i] == ']' && !first {
-            return Some((matched != negate, i + 1));
-        }
-        first = false;
-        if i + 2 < p.len() && p[i + 1] == '-' && p[i + 2] != ']' {
-            if p[i] <= c && c <= p[i + 2] {
-                matched = true;
-            }
-            i += 3;
-        } else {
-            if p[i] == c {
-                matched = true;
-            }
-            i += 1;
-        }
-    }
-    None
-}
-
-/// Ordered map with last-writer-wins semantics that keeps first-insertion order.
-/// One environment entry as raw bytes: names and values need not be UTF-8.
 pub type EnvPair = (Vec<u8>, Vec<u8>);
 
 #[derive(Default)]
@@ -118,44 +32,13 @@ impl EnvMap {
     }
 }
 
-/// A compiled scrub pattern: `*LITERAL*` (the common shape) is a substring test, anything
-/// else goes through the glob matcher. Patterns are upper-cased once, up front.
-enum Pattern {
-    Contains(String),
-    Glob(Vec<char>),
-}
-
-impl Pattern {
-    fn new(pattern: &str) -> Self {
-        let upper = pattern.to_uppercase();
-        let inner = upper
-            .strip_prefix('*')
-            .and_then(|rest| rest.strip_suffix('*'));
-        match inner {
-            Some(lit) if !lit.is_empty() && !lit.contains(['*', '?', '[']) => {
-                Self::Contains(lit.to_string())
-            }
-            _ => Self::Glob(upper.chars().collect()),
-        }
-    }
-
-    /// `name` must already be upper-cased.
-    fn matches(&self, name: &str) -> bool {
-        match self {
-            Self::Contains(lit) => name.contains(lit.as_str()),
-            Self::Glob(glob) => {
-                let n: Vec<char> = name.chars().collect();
-                match_from(glob, &n)
-            }
-        }
-    }
-}
-
 /// An executor's fixed environment rules; `build` applies them to one call's layers:
 /// the harness's environment minus scrubbed, dropped and managed-prefix names, then the
 /// terminal settings, then the caller's `extra` (managed-prefix names ignored), then the
 /// managed facts last. Later layers win.
 pub struct EnvPolicy {
+    /// Exact names never scrubbed (by a pattern or by the value rule).
+    allowed: Vec<Vec<u8>>,
     patterns: Vec<Pattern>,
     prefix: Vec<u8>,
     drop_names: Vec<Vec<u8>>,
@@ -170,6 +53,7 @@ impl EnvPolicy {
         terminal: Vec<EnvPair>,
     ) -> Self {
         Self {
+            allowed: Vec::new(),
             patterns: scrub_patterns.iter().map(|p| Pattern::new(p)).collect(),
             prefix: managed_prefix.as_bytes().to_vec(),
             drop_names,
@@ -182,18 +66,33 @@ impl EnvPolicy {
     }
 
     /// Whether an inherited variable reaches the child.
+    /// Exact names that are never scrubbed (`allow_env`).
+    pub fn with_allowed(mut self, names: Vec<Vec<u8>>) -> Self {
+        self.allowed = names;
+        self
+    }
+
+    /// Whether the inherited variable `name` (whatever its value) survives the name rules.
     pub fn keeps(&self, name: &[u8]) -> bool {
         if self.is_managed(name) || self.drop_names.iter().any(|d| d == name) {
             return false;
+        }
+        if self.allowed.iter().any(|a| a == name) {
+            return true;
         }
         let upper = String::from_utf8_lossy(name).to_uppercase();
         !self.patterns.iter().any(|p| p.matches(&upper))
     }
 
-    /// The inherited layer: `base` without the names this policy removes.
+    /// Whether the inherited entry survives: the name rules, then the value rule (a value
+    /// carrying a URL with a password is a credential whatever its name).
+    pub fn keeps_entry(&self, name: &[u8], value: &[u8]) -> bool {
+        self.keeps(name) && (self.allowed.iter().any(|a| a == name) || !has_url_password(value))
+    }
+
     pub fn kept_base(&self, base: &[EnvPair]) -> Vec<EnvPair> {
         base.iter()
-            .filter(|(k, _)| self.keeps(k))
+            .filter(|(k, v)| self.keeps_entry(k, v))
             .cloned()
             .collect()
     }
@@ -342,17 +241,6 @@ mod tests {
     }
 
     #[test]
-    fn glob_is_case_insensitive() {
-        assert!(glob_match("*KEY*", "openai_api_key"));
-        assert!(glob_match("*TOKEN*", "GITHUB_TOKEN"));
-        assert!(!glob_match("*KEY*", "PATH"));
-        assert!(glob_match("A?C", "abc"));
-        assert!(glob_match("[a-c]x", "Bx"));
-        assert!(!glob_match("[!a-c]x", "bx"));
-        assert!(glob_match("*", ""));
-    }
-
-    #[test]
     fn layers_apply_in_order() {
         let base = pairs(&[
             ("PATH", "/bin"),
@@ -408,5 +296,31 @@ mod tests {
             let err = builder.build(&[][..], &pairs(&[bad]), &[]).unwrap_err();
             assert!(matches!(err, CoreError::Invalid(_)), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn allowed_names_and_url_values() {
+        let policy = EnvPolicy::new(&["*KEY*".to_string()], "DSH_", vec![], vec![])
+            .with_allowed(vec![b"KEYBOARD_LAYOUT".to_vec(), b"MIRROR".to_vec()]);
+        let base = vec![
+            (b"DATABASE_URL".to_vec(), b"postgres://u:p@h/db".to_vec()),
+            (b"MIRROR".to_vec(), b"https://u:p@m/".to_vec()),
+            (b"KEYBOARD_LAYOUT".to_vec(), b"us".to_vec()),
+            (b"API_KEY".to_vec(), b"x".to_vec()),
+            (b"HOME".to_vec(), b"/root".to_vec()),
+        ];
+        let kept: Vec<Vec<u8>> = policy
+            .kept_base(&base)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                b"MIRROR".to_vec(),
+                b"KEYBOARD_LAYOUT".to_vec(),
+                b"HOME".to_vec()
+            ]
+        );
     }
 }

@@ -2,16 +2,21 @@
 //! lifecycle, process, notifier, collector, spill, env, kill, landlock) builds and tests without Python; the bindings
 //! are behind the `python` feature that maturin enables.
 
+mod child;
 pub mod collector;
+pub mod confine;
 pub mod env;
 pub mod errors;
 pub mod floor;
+pub mod forksafe;
 pub mod kill;
 pub mod landlock;
 mod lifecycle;
 pub mod notifier;
 pub mod pipes;
 pub mod process;
+pub mod scrub;
+pub mod seccomp;
 pub mod spawn;
 pub mod spill;
 pub mod supervisor;

@@ -9,10 +9,11 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
+use crate::forksafe::ForkClosed;
 use crate::kill::{group_alive, group_members, signal_group};
 use crate::pipes::{Drain, OutStream};
 use crate::process::{LeaderExit, Proc, ProcState};
-use crate::sys::{lock, reap_nonblocking, Reaped};
+use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
 
 /// How often the group of a process in its Reaping phase is polled (no event exists for
 /// the exit of a process that is not our child).
@@ -84,7 +85,7 @@ pub(crate) fn drain_stream(
     let s = stream(st, is_out);
     let close = s.drain(scratch, mode, &mut open_spill);
     if close || mode == Drain::Final {
-        if let Some(fd) = s.fd.take() {
+        if let Some(fd) = s.fd.take().map(ForkClosed::into_inner) {
             shared.unwatch(&fd, s.key.take());
         }
     }
@@ -111,20 +112,34 @@ fn close_pidfd(proc: &Proc, st: &mut ProcState) {
     }
 }
 
-/// The pidfd became readable: collect the leader's status (once: a waiting caller and
-/// the supervisor may both have seen the exit).
+/// The pidfd became readable: read the leader's status, leaving it a zombie. An unreaped
+/// leader keeps its pid, and so the group's number, from being reused: the drain and the
+/// leftover kill can never signal a group that is no longer the call's. `finish` reaps it.
+/// Once: a waiting caller and the supervisor may both have seen the exit.
 pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
     if st.leader.is_some() {
         return;
     }
-    match reap_nonblocking(proc.pid) {
-        Reaped::Exited(status, usage) => st.leader = Some(LeaderExit::Status(status, usage)),
+    match peek_exit(proc.pid) {
+        Peeked::Exited(status) => st.leader = Some(LeaderExit::Zombie(status)),
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
         // that the status is unknown instead of waiting forever or making one up.
-        Reaped::Lost => st.leader = Some(LeaderExit::Unknown),
-        Reaped::Running => return,
+        Peeked::Lost => st.leader = Some(LeaderExit::Unknown),
+        Peeked::Running => return,
     }
     close_pidfd(proc, st);
+}
+
+/// Reaps the zombie leader once its group has been dealt with (rusage comes with it).
+fn release_leader(proc: &Proc, st: &mut ProcState) {
+    if let Some(LeaderExit::Zombie(status)) = st.leader {
+        st.leader = Some(match reap_nonblocking(proc.pid) {
+            Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
+            // Reaped by someone else meanwhile: the status was already read.
+            // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
+            _ => LeaderExit::Status(status, unsafe { std::mem::zeroed() }),
+        });
+    }
 }
 
 fn pipes_closed(st: &ProcState) -> bool {
@@ -236,14 +251,16 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     st.stdout.collector.flush();
     st.stderr.collector.flush();
     close_pidfd(proc, st);
+    release_leader(proc, st);
     st.phase = Phase::Done;
     st.finished = Some(now);
     st.deadline = None;
     st.kill_at = None;
+    // Out of the live set before anyone is woken: a woken waiter sees `running` without it.
+    lock(&proc.shared.live).remove(&proc.token);
     for notifier in st.subscribers.drain(..) {
         notifier.push(proc.token);
     }
-    lock(&proc.shared.live).remove(&proc.token);
     proc.done.notify_all();
 }
 

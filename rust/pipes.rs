@@ -8,6 +8,7 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 use crate::collector::{Collector, SpillOpener};
+use crate::forksafe::ForkClosed;
 
 /// Bytes read per `read` call while draining.
 pub(crate) const READ_CHUNK: usize = 1 << 20;
@@ -38,10 +39,11 @@ pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// (a harness that closed its own stdin would otherwise get pipe fds 0..2 back).
 pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    if fd.as_raw_fd() > 2 {
+    // Fd 3 is taken too: the child puts a long command's script there (spawn::SCRIPT_FD).
+    if fd.as_raw_fd() > 3 {
         return Ok(fd);
     }
-    let new = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    let new = fcntl(&fd, FcntlArg::F_DUPFD_CLOEXEC(4))?;
     // SAFETY: F_DUPFD_CLOEXEC succeeded, so `new` is a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
@@ -55,7 +57,7 @@ pub fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
 /// One output stream of a process: its pipe (None once closed), its epoll registration
 /// key and its collector.
 pub(crate) struct OutStream {
-    pub fd: Option<OwnedFd>,
+    pub fd: Option<ForkClosed>,
     pub key: Option<u64>,
     pub collector: Collector,
     grown: bool,
@@ -64,7 +66,7 @@ pub(crate) struct OutStream {
 impl OutStream {
     pub fn new(fd: OwnedFd, collector: Collector) -> Self {
         Self {
-            fd: Some(fd),
+            fd: Some(ForkClosed::new(fd)),
             key: None,
             collector,
             grown: false,
@@ -103,7 +105,7 @@ impl OutStream {
 
 /// The bytes still to be written to a process's stdin, and its pipe.
 pub(crate) struct StdinFeed {
-    pub fd: Option<OwnedFd>,
+    pub fd: Option<ForkClosed>,
     pub key: Option<u64>,
     data: Vec<u8>,
     off: usize,
@@ -112,7 +114,7 @@ pub(crate) struct StdinFeed {
 impl StdinFeed {
     pub fn new(fd: OwnedFd, data: Vec<u8>) -> Self {
         Self {
-            fd: Some(fd),
+            fd: Some(ForkClosed::new(fd)),
             key: None,
             data,
             off: 0,
@@ -140,6 +142,6 @@ impl StdinFeed {
     /// Drops the pipe and the unwritten bytes.
     pub fn close(&mut self) -> Option<OwnedFd> {
         self.data = Vec::new();
-        self.fd.take()
+        self.fd.take().map(ForkClosed::into_inner)
     }
 }

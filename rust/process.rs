@@ -41,6 +41,8 @@ pub struct Outcome {
 /// What became of the group leader.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LeaderExit {
+    /// Exited, status read with WNOWAIT: still an unreaped zombie holding its pgid.
+    Zombie(libc::c_int),
     Status(libc::c_int, libc::rusage),
     /// ECHILD: reaped by someone else.
     Unknown,
@@ -219,6 +221,11 @@ impl Proc {
             Some(LeaderExit::Status(status, usage)) => {
                 (Some(libc::WEXITSTATUS(status)), None, Some(usage))
             }
+            // Not reached once Done (finish reaps the zombie); its status is still exact.
+            Some(LeaderExit::Zombie(status)) if libc::WIFSIGNALED(status) => {
+                (None, Some(libc::WTERMSIG(status)), None)
+            }
+            Some(LeaderExit::Zombie(status)) => (Some(libc::WEXITSTATUS(status)), None, None),
             Some(LeaderExit::Unknown) | None => (None, None, None),
         };
         let (user_cpu, system_cpu, max_rss_kib) = usage
@@ -234,7 +241,10 @@ impl Proc {
             user_cpu,
             system_cpu,
             max_rss_kib,
-            exit_status_unknown: !matches!(st.leader, Some(LeaderExit::Status(..))),
+            exit_status_unknown: !matches!(
+                st.leader,
+                Some(LeaderExit::Status(..) | LeaderExit::Zombie(_))
+            ),
         })
     }
 

@@ -11,11 +11,16 @@ use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::child::{child_main, ChildArgs, ChildConfinement};
+use crate::confine::Confinement;
 use crate::errors::{SpawnError, SpawnStage};
 use crate::pipes::{above_stdio, cloexec_pipe, set_nonblocking};
 
-/// Size of the child's stack while it runs between clone and exec.
+/// Size of the child's stack while it runs between clone and exec (a guard page below it).
 const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+/// The fd a long command's script is read from (`bash /dev/fd/3`, see `SpawnPlan::script`).
+pub const SCRIPT_FD: RawFd = 3;
 
 /// Everything one spawn needs, owned by the parent for the duration of the call.
 pub struct SpawnPlan {
@@ -24,9 +29,11 @@ pub struct SpawnPlan {
     /// `NAME=value` entries, shared so that a cached environment is not copied per spawn.
     pub envp: std::sync::Arc<Vec<CString>>,
     pub cwd: CString,
-    /// Landlock ruleset fd to enforce in the child before exec (see `landlock.rs`); the
-    /// caller keeps it open for the duration of the call.
-    pub landlock_ruleset: Option<RawFd>,
+    /// What a confined child applies before exec (see `confine.rs`); None: unconfined.
+    pub confinement: Option<std::sync::Arc<Confinement>>,
+    /// A sealed memfd holding a command too long for one argument; the child gets it as
+    /// fd `SCRIPT_FD` (not close-on-exec) and argv names `/dev/fd/3`.
+    pub script: Option<RawFd>,
 }
 
 /// The parent's ends of the child's stdio pipes.
@@ -43,19 +50,65 @@ pub struct Spawned {
     pub pipes: ParentPipes,
 }
 
-/// Raw data the child reads. Built in the parent; every pointer stays valid until clone
-/// returns, which under CLONE_VFORK is after the child has exec'd or exited.
-#[repr(C)]
-struct ChildArgs {
-    program: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    cwd: *const libc::c_char,
-    stdio: [RawFd; 3],
-    report_fd: RawFd,
-    landlock_fd: RawFd,
-    /// Highest fd to mark close-on-exec when `close_range` is unavailable.
-    max_fd: RawFd,
+/// The child's stack: an anonymous mapping with a PROT_NONE guard page below it, kept per
+/// thread (spawns on one thread are sequential: CLONE_VFORK suspends it until exec).
+struct ChildStack {
+    base: *mut c_void,
+    len: usize,
+    guard: usize,
+}
+
+impl ChildStack {
+    fn new() -> io::Result<Self> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let len = CHILD_STACK_BYTES + page;
+        // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = Self {
+            base,
+            len,
+            guard: page,
+        };
+        // SAFETY: the lowest page of our own mapping becomes inaccessible: an overflow of
+        // the child's stack faults instead of writing into the harness's memory.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The 16-byte aligned top (stacks grow down on every architecture we build for).
+    fn top(&self) -> *mut c_void {
+        ((self.base as usize + self.len) & !0xf) as *mut c_void
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `new`, no longer used by any child.
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
+        let _ = self.guard;
+    }
+}
+
+thread_local! {
+    static CHILD_STACK: std::cell::RefCell<Option<ChildStack>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
@@ -94,13 +147,38 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             stderr_w.as_raw_fd(),
         ],
         report_fd: report_w.as_raw_fd(),
-        landlock_fd: plan.landlock_ruleset.unwrap_or(-1),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
+        script_fd: plan.script.unwrap_or(-1),
+        confine: ChildConfinement::from_plan(plan.confinement.as_deref()),
     };
 
-    let mut stack = vec![0u8; CHILD_STACK_BYTES];
-    // Stacks grow down on every architecture we build for; align the top to 16 bytes.
-    let top = (stack.as_mut_ptr() as usize + CHILD_STACK_BYTES) & !0xf;
+    CHILD_STACK
+        .with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(
+                    ChildStack::new().map_err(|e| SpawnError::from_io(SpawnStage::Clone, &e))?,
+                );
+            }
+            match slot.as_ref() {
+                Some(stack) => clone_child(&args, stack.top()),
+                None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
+            }
+        })
+        .and_then(|(pid, pidfd)| {
+            finish_spawn(
+                pid,
+                pidfd,
+                report_r,
+                report_w,
+                (stdin_r, stdout_w, stderr_w),
+                (stdin_w, stdout_r, stderr_r),
+            )
+        })
+}
+
+/// Clones the child on `top` and returns (pid, pidfd); the parent resumes after exec/exit.
+fn clone_child(args: &ChildArgs, top: *mut c_void) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
     let mut pidfd: libc::c_int = -1;
 
     // Block every signal while the child shares our memory: a handler of the harness must
@@ -121,9 +199,9 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let pid = unsafe {
         libc::clone(
             child_main,
-            top as *mut c_void,
+            top,
             flags,
-            &args as *const ChildArgs as *mut c_void,
+            args as *const ChildArgs as *mut c_void,
             &mut pidfd as *mut libc::c_int,
         )
     };
@@ -132,19 +210,29 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
     }
-    drop(stack);
     if pid < 0 {
         return Err(SpawnError::from_io(SpawnStage::Clone, &clone_error));
     }
     // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a fresh fd we own.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
 
+/// After the child exec'd or failed: closes the child's ends and reads its report.
+fn finish_spawn(
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    report_r: OwnedFd,
+    report_w: OwnedFd,
+    child_ends: (OwnedFd, OwnedFd, OwnedFd),
+    parent_ends: (OwnedFd, OwnedFd, OwnedFd),
+) -> Result<Spawned, SpawnError> {
+    let (stdin_w, stdout_r, stderr_r) = parent_ends;
     // The child has exec'd (its copy of the report pipe closed on exec) or exited; drop our
     // write end and read whatever it reported.
     drop(report_w);
-    drop((stdin_r, stdout_w, stderr_w));
+    drop(child_ends);
     if let Some(err) = read_report(&report_r) {
-        reap_failed_child(pid);
+        crate::sys::reap_blocking(pid);
         return Err(err);
     }
     Ok(Spawned {
@@ -163,24 +251,12 @@ fn read_report(fd: &OwnedFd) -> Option<SpawnError> {
     let mut buf = [0u8; 8];
     let mut got = 0usize;
     while got < buf.len() {
-        // SAFETY: reads into the unfilled tail of `buf`, within bounds.
-        let n = unsafe {
-            libc::read(
-                fd.as_raw_fd(),
-                buf[got..].as_mut_ptr() as *mut c_void,
-                buf.len() - got,
-            )
-        };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            break;
+        match nix::unistd::read(fd, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
         }
-        if n == 0 {
-            break;
-        }
-        got += n as usize;
     }
     if got < buf.len() {
         return None;
@@ -188,127 +264,4 @@ fn read_report(fd: &OwnedFd) -> Option<SpawnError> {
     let stage = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
     Some(SpawnError::new(SpawnStage::from_code(stage), errno))
-}
-
-fn reap_failed_child(pid: libc::pid_t) {
-    let mut status = 0;
-    loop {
-        // SAFETY: waits for our own child; `status` is a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            break;
-        }
-    }
-}
-
-/// Raw syscall returning the kernel's `-errno` convention as `Err(errno)`.
-///
-/// `libc::syscall` stores errno in the calling thread's TLS, which the child shares with the
-/// suspended parent thread; reading it right away is async-signal-safe.
-#[inline(always)]
-fn sys(ret: libc::c_long) -> Result<libc::c_long, i32> {
-    if ret < 0 {
-        // SAFETY: __errno_location always returns this thread's errno slot.
-        Err(unsafe { *libc::__errno_location() })
-    } else {
-        Ok(ret)
-    }
-}
-
-/// The child between clone and exec: raw syscalls only, no allocation, no locks.
-extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
-    // SAFETY: `arg` points at the parent's ChildArgs, alive until we exec or exit.
-    let args = unsafe { &*(arg as *const ChildArgs) };
-    let stage = match child_setup(args) {
-        Ok(()) => SpawnStage::Exec,
-        Err(stage) => stage,
-    };
-    // Only reached on failure: execve does not return on success.
-    // SAFETY: errno slot of this thread, see `sys`.
-    let errno = unsafe { *libc::__errno_location() };
-    let mut report = [0u8; 8];
-    report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
-    report[4..].copy_from_slice(&errno.to_ne_bytes());
-    // SAFETY: raw write of a stack buffer, then exit_group; no Rust runtime involved.
-    unsafe {
-        libc::syscall(
-            libc::SYS_write,
-            args.report_fd,
-            report.as_ptr(),
-            report.len(),
-        );
-        libc::syscall(libc::SYS_exit_group, 127);
-    }
-    127
-}
-
-fn child_setup(args: &ChildArgs) -> Result<(), SpawnStage> {
-    // SAFETY (whole function): raw syscalls on memory prepared by the parent; each failure
-    // leaves errno set for `child_main` to report.
-    unsafe {
-        // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
-        // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
-        let dfl: [libc::c_ulong; 4] = [libc::SIG_DFL as libc::c_ulong, 0, 0, 0];
-        for sig in 1..65 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                dfl.as_ptr(),
-                std::ptr::null::<c_void>(),
-                8usize,
-            );
-        }
-        let empty: libc::c_ulong = 0;
-        sys(libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &empty as *const libc::c_ulong,
-            std::ptr::null::<c_void>(),
-            8usize,
-        ))
-        .map_err(|_| SpawnStage::Signals)?;
-
-        sys(libc::syscall(libc::SYS_setpgid, 0, 0)).map_err(|_| SpawnStage::ProcessGroup)?;
-        for (target, &fd) in args.stdio.iter().enumerate() {
-            sys(libc::syscall(libc::SYS_dup2, fd, target)).map_err(|_| SpawnStage::Stdio)?;
-        }
-        sys(libc::syscall(libc::SYS_chdir, args.cwd)).map_err(|_| SpawnStage::Chdir)?;
-
-        // Nothing of the harness leaks: every fd above stdio closes on exec.
-        let marked = sys(libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        ));
-        if marked.is_err() {
-            for fd in 3..=args.max_fd {
-                libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
-            }
-        }
-
-        if args.landlock_fd >= 0 {
-            sys(libc::syscall(
-                libc::SYS_prctl,
-                libc::PR_SET_NO_NEW_PRIVS,
-                1,
-                0,
-                0,
-                0,
-            ))
-            .map_err(|_| SpawnStage::Sandbox)?;
-            sys(libc::syscall(
-                libc::SYS_landlock_restrict_self,
-                args.landlock_fd,
-                0u32,
-            ))
-            .map_err(|_| SpawnStage::Sandbox)?;
-        }
-
-        libc::syscall(libc::SYS_execve, args.program, args.argv, args.envp);
-    }
-    Err(SpawnStage::Exec)
 }

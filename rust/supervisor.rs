@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::errors::{CoreError, SpawnError, SpawnStage};
+use crate::forksafe::ForkClosed;
 use crate::kill::signal_group;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::{Drain, READ_CHUNK};
@@ -119,7 +120,8 @@ impl Shared {
 }
 
 impl Service {
-    pub fn new(spill_parent: PathBuf) -> io::Result<Self> {
+    /// A service whose spill files (under `spill_parent`) may hold `spill_total` bytes.
+    pub fn new(spill_parent: PathBuf, spill_total: u64) -> io::Result<Self> {
         let epoll = epoll_create()?;
         let wake = eventfd()?;
         epoll_add(&epoll, &wake, readable(), WAKE_KEY)?;
@@ -131,7 +133,7 @@ impl Service {
                 next_key: AtomicU64::new(WAKE_KEY + 1),
                 live: Mutex::new(HashMap::new()),
                 timers_in: Mutex::new(Vec::new()),
-                spill: Mutex::new(SpillDir::new(spill_parent)),
+                spill: Mutex::new(SpillDir::with_total(spill_parent, spill_total)),
                 disposed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 next_token: AtomicU64::new(1),
@@ -147,6 +149,11 @@ impl Service {
 
     pub fn spill_dir(&self) -> Option<PathBuf> {
         lock(&self.shared.spill).path().map(|p| p.to_path_buf())
+    }
+
+    /// The spill directory, created now if nothing spilled yet (None once disposed).
+    pub fn ensure_spill_dir(&self) -> Option<PathBuf> {
+        (!self.is_disposed()).then(|| lock(&self.shared.spill).ensure_dir().ok())?
     }
 
     pub fn running(&self) -> usize {
@@ -208,9 +215,10 @@ impl Service {
             reap_blocking(pid);
             let mut st = lock(&proc.state);
             let st = &mut *st;
+            let pipe = |fd: Option<ForkClosed>| fd.map(ForkClosed::into_inner);
             let owned = [
-                (st.stdout.fd.take(), st.stdout.key.take()),
-                (st.stderr.fd.take(), st.stderr.key.take()),
+                (pipe(st.stdout.fd.take()), st.stdout.key.take()),
+                (pipe(st.stderr.fd.take()), st.stderr.key.take()),
                 (st.stdin.close(), st.stdin.key.take()),
                 (st.pidfd.take(), st.pidfd_key.take()),
             ];
@@ -359,7 +367,8 @@ mod tests {
             argv: vec![c("bash"), c("-c"), c(cmd)],
             envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
             cwd: c("/"),
-            landlock_ruleset: None,
+            confinement: None,
+            script: None,
         }
     }
 
@@ -375,7 +384,7 @@ mod tests {
 
     #[test]
     fn runs_and_collects() {
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let p = svc
             .spawn(&plan("echo out; echo err >&2; exit 3"), cfg(1000))
             .unwrap();
@@ -392,7 +401,7 @@ mod tests {
     fn caller_and_supervisor_settle_each_run_exactly_once() {
         // The waiting caller and the supervisor race to settle every exit: each run must
         // keep its exact status and every byte, whoever wins.
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         for i in 0..200 {
             let cmd = format!("head -c {} /dev/zero; exit {}", 1000 * i, i % 7);
             let p = svc.spawn(&plan(&cmd), cfg(1 << 20)).unwrap();
@@ -410,7 +419,7 @@ mod tests {
     fn ring_tail_is_the_streams_end_and_the_spill_its_head() {
         // Far past the spill cap and round the tail ring many times: the tail must be
         // exactly the stream's last bytes, and the spill file its exact head.
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let mut c = cfg(1000);
         c.spill_cap = 10_000;
         let p = svc.spawn(&plan("seq 1 300000"), c).unwrap();
@@ -426,7 +435,7 @@ mod tests {
 
     #[test]
     fn a_timed_out_wait_leaves_the_run_to_the_supervisor() {
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let p = svc.spawn(&plan("sleep 0.3; echo late"), cfg(1000)).unwrap();
         assert!(!p.wait(Some(Duration::from_millis(10))));
         // Nobody waits in `wait` now: the supervisor alone must settle it.
@@ -440,7 +449,7 @@ mod tests {
 
     #[test]
     fn stdin_is_written_then_closed() {
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let mut c = cfg(1000);
         c.stdin = b"hello".to_vec();
         let p = svc.spawn(&plan("cat"), c).unwrap();
@@ -451,7 +460,7 @@ mod tests {
 
     #[test]
     fn leftover_holding_pipes_is_killed_after_grace() {
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let p = svc.spawn(&plan("sleep 100 & echo hi"), cfg(1000)).unwrap();
         assert!(p.wait(Some(Duration::from_secs(10))));
         let o = p.outcome().unwrap();
@@ -463,7 +472,7 @@ mod tests {
 
     #[test]
     fn kill_escalates_to_sigkill() {
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let p = svc
             .spawn(&plan("trap '' TERM; sleep 100"), cfg(1000))
             .unwrap();
@@ -477,7 +486,7 @@ mod tests {
 
     #[test]
     fn missing_workdir_is_a_chdir_error() {
-        let svc = Service::new(std::env::temp_dir()).unwrap();
+        let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let mut p = plan("true");
         p.cwd = CString::new("/nonexistent/dir").unwrap();
         match svc.spawn(&p, cfg(10)) {

@@ -137,6 +137,50 @@ pub(crate) fn reap_nonblocking(pid: libc::pid_t) -> Reaped {
     }
 }
 
+/// Whether the leader exited, read with `WNOWAIT`: the zombie stays unreaped, so its pid —
+/// and with it the number of its process group and session — cannot be reused until we
+/// reap it after the group has been dealt with.
+pub(crate) enum Peeked {
+    /// A raw wait status (as `wait4` would give it).
+    Exited(libc::c_int),
+    Running,
+    /// ECHILD and other errors: somebody else reaped it.
+    Lost,
+}
+
+pub(crate) fn peek_exit(pid: libc::pid_t) -> Peeked {
+    loop {
+        // SAFETY: siginfo_t is plain old data; all-zero is valid and waitid overwrites it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on our own child without reaping or blocking; `info` is a live
+        // local. Raw because nix's waitid does not give the raw status back.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if r < 0 {
+            if Errno::last() == Errno::EINTR {
+                continue;
+            }
+            return Peeked::Lost;
+        }
+        // SAFETY: waitid filled `info` for a child-state change (or left si_pid 0).
+        let (child, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if child == 0 {
+            return Peeked::Running;
+        }
+        return Peeked::Exited(match info.si_code {
+            libc::CLD_EXITED => (status & 0xff) << 8,
+            libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+            _ => status & 0x7f,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +207,30 @@ mod tests {
         eventfd_raise(&efd);
         assert_eq!(efd.read(), Ok(2));
         assert_eq!(efd.read(), Err(Errno::EAGAIN));
+    }
+
+    #[test]
+    fn peeking_leaves_the_zombie_for_the_reaper() {
+        use std::process::Command;
+        let mut child = Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .expect("spawn");
+        let pid = child.id() as libc::pid_t;
+        let status = loop {
+            match peek_exit(pid) {
+                Peeked::Exited(status) => break status,
+                Peeked::Running => std::thread::sleep(Duration::from_millis(2)),
+                Peeked::Lost => panic!("lost our own child"),
+            }
+        };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7);
+        // Still a zombie of ours: the peek did not reap it.
+        match reap_nonblocking(pid) {
+            Reaped::Exited(again, _) => assert_eq!(again, status),
+            _ => panic!("the peek reaped the child"),
+        }
+        assert!(matches!(peek_exit(pid), Peeked::Lost));
+        assert!(child.wait().is_err(), "already reaped above");
     }
 }

@@ -276,11 +276,6 @@ def test_read_only_sandbox_blocks_writes_in_the_workspace(tmp_path: Path) -> Non
     assert (tmp_path / "f.txt").read_text() == "x\n"
 
 
-@pytest.mark.xfail(
-    reason="denial detection reads stderr only until the sandbox work reads both streams; "
-    "here stderr is merged into stdout",
-    strict=False,
-)
 def test_sandbox_denial_marker_ends_the_observation(tmp_path: Path) -> None:
     if shellseam.landlock_abi() == 0:
         pytest.skip("this kernel has no Landlock")

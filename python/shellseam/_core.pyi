@@ -22,9 +22,15 @@ __all__ = [
     "Supervisor",
     "bench_minimal_reader",
     "build_ruleset",
+    "capability_facts",
+    "fork_child",
+    "fork_parent",
+    "fork_prepare",
+    "harness_dumpable",
     "landlock_abi",
     "landlock_fs_rights",
     "landlock_missing",
+    "protect_harness",
 ]
 
 class NativeError(Exception):
@@ -155,6 +161,7 @@ class EnvBuilder:
         managed_prefix: str,
         drop_names: list[bytes],
         terminal: _Pairs,
+        allowed_names: list[bytes],
     ) -> EnvBuilder: ...
     def build(
         self, base: dict[bytes, bytes], extra: _Pairs | None = None, managed: _Pairs | None = None
@@ -199,7 +206,9 @@ class Ruleset:
 
 @final
 class Supervisor:
-    def __new__(cls, spill_parent: str | PathLike[str]) -> Supervisor: ...
+    def __new__(cls, spill_parent: str | PathLike[str], spill_total: int = ...) -> Supervisor: ...
+    def ensure_spill_dir(self) -> str | None:
+        """The spill directory, created now if nothing spilled yet (None: cannot be)."""
     @property
     def spill_dir(self) -> str | None: ...
     @property
@@ -221,11 +230,33 @@ class Supervisor:
         spill_cap: int,
         grace_ms: int,
         ruleset: Ruleset | None = None,
+        script_fd: int | None = None,
     ) -> Proc: ...
     def begin_dispose(self) -> list[Proc]: ...
     def dispose(self, keep_spill: bool = False) -> None: ...
 
-def build_ruleset(writable_roots: list[str], network: bool) -> Ruleset: ...
+def build_ruleset(writable_root_fds: list[int], network: bool, read_only: bool) -> Ruleset:
+    """The confinement of a mode: Landlock rules from pinned directory fds, the seccomp
+    filter and the privilege drop, applied by every child spawned with it."""
+
+def fork_prepare() -> None:
+    """Before os.fork(): holds the registry of the services' pipe ends."""
+
+def fork_parent() -> None:
+    """After os.fork() in the parent."""
+
+def fork_child() -> None:
+    """After os.fork() in the child: the services' pipe ends now name /dev/null."""
+
+def capability_facts() -> tuple[bool, int]:
+    """(harness holds CAP_SETPCAP, highest capability number)."""
+
+def protect_harness() -> None:
+    """Makes this process non-dumpable (PR_SET_DUMPABLE 0)."""
+
+def harness_dumpable() -> bool:
+    """Whether this process is dumpable."""
+
 def landlock_abi() -> int: ...
 def landlock_missing(network: bool) -> list[str]: ...
 def landlock_fs_rights() -> list[str]: ...

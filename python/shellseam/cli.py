@@ -13,7 +13,6 @@ import json
 import os
 import resource
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -21,8 +20,8 @@ from . import service as _service
 from .errors import INVALID_REQUEST, ShellError
 from .local import LocalShellExecutor
 from .render import render_result
-from .sandbox import SandboxShellExecutor, enforcement_for, landlock_abi
-from .service import SubprocessService
+from .sandbox import SandboxShellExecutor, enforcement_for, landlock_abi, sandbox_facts
+from .service import SubprocessService, default_spill_parent
 from .types import SANDBOX_MODES, SandboxMode, ShellExecRequest
 
 EXIT_USAGE = 2
@@ -133,7 +132,9 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
             missing = _service.landlock_missing(network)
             detail = "" if not missing else " — missing: " + "; ".join(missing)
             print(f"mode {label}: {enforcement}{detail}")
-    print(f"spill parent: {tempfile.gettempdir()} (one private 0700 directory per service)")
+    print(f"spill parent: {default_spill_parent()} (one private 0700 directory per service)")
+    for line in sandbox_facts():
+        print(line)
     ex = LocalShellExecutor()
     print(
         "defaults: "

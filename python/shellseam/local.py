@@ -9,10 +9,12 @@ draining, bounded collectors, spill files and kill escalation are the native cor
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import posix
 import shutil
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 
 from .checks import (
     MAX_BYTES,
@@ -64,6 +66,38 @@ TERMINAL_ENV: tuple[tuple[str, str], ...] = (
 #: Ambient variables that would make a non-interactive bash read a startup file.
 _STARTUP_FILE_VARS = [b"BASH_ENV", b"ENV"]
 
+#: Credential-looking names removed from the inherited environment (case-insensitive globs).
+DEFAULT_SCRUB_PATTERNS: tuple[str, ...] = (
+    "*KEY*",
+    "*SECRET*",
+    "*TOKEN*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*_PAT",
+    "*_PWD",
+)
+
+#: Exact names never scrubbed although a default pattern matches them.
+DEFAULT_ALLOW_ENV: tuple[str, ...] = (
+    "TOKENIZERS_PARALLELISM",
+    "KEYBOARD_LAYOUT",
+    "PYTHON_KEYRING_BACKEND",
+)
+
+#: The kernel's limit for one argument (MAX_ARG_STRLEN, with its NUL); longer commands reach
+#: bash through a sealed memfd.
+_MAX_ARG_BYTES = 128 * 1024 - 1
+#: The longest command accepted.
+MAX_COMMAND_BYTES = 16 * 2**20
+#: How bash runs a long command: it reads the script from fd 3 (a sealed memfd) and
+#: evaluates it with fd 3 closed. `$0`, `$LINENO`, error messages ("bash: line N: …"),
+#: `set -e` and exit codes read as with `bash -c <command>` (a script file or `source`
+#: would name /dev/fd/3 in `$0`-style messages and BASH_SOURCE).
+_LONG_COMMAND_STUB = b'eval "$(</dev/fd/3)" 3<&-'
+#: The same for another POSIX shell (``shell=`` option), which lacks bash's ``$(<file)``.
+_POSIX_LONG_COMMAND_STUB = b'eval "$(cat <&3)" 3<&-'
+
 
 def _shell_path(shell: str) -> bytes:
     """The program ``shell`` names: an absolute path as is, a bare name from /bin, /usr/bin
@@ -93,6 +127,77 @@ try:
     _BASH = _shell_path("bash")
 except ValueError:  # no bash here: every spawn fails with SPAWN_FAILED naming the path
     _BASH = b"/bin/bash"
+
+
+class Confinement:
+    """What one call needs beyond its command (built by ``_prepare``): the confinement
+    (ruleset) the child applies, the call's own environment variables, an environment
+    builder with extra drops, and a cleanup run once when the call settles."""
+
+    __slots__ = ("_lock", "cleanup", "env", "env_builder", "ruleset")
+
+    def __init__(
+        self,
+        ruleset: Ruleset | None = None,
+        env: Sequence[tuple[bytes, bytes]] = (),
+        env_builder: EnvBuilder | None = None,
+        cleanup: Callable[[], None] | None = None,
+    ) -> None:
+        self.ruleset = ruleset
+        self.env = list(env)
+        self.env_builder = env_builder
+        self.cleanup = cleanup
+        self._lock = threading.Lock()
+
+    def settle(self) -> None:
+        """Runs the cleanup (once)."""
+        with self._lock:
+            cleanup, self.cleanup = self.cleanup, None
+        if cleanup is not None:
+            cleanup()
+
+
+_UNCONFINED = Confinement()
+
+
+def _abandon(spawned: tuple[ManagedProcess, Confinement]) -> None:
+    """A run cancelled while its spawn was under way: kill what started, settle it after."""
+    proc, conf = spawned
+    proc.kill()
+    proc.add_done_callback(conf.settle)
+
+
+def _names(value: object, name: str) -> tuple[str, ...]:
+    """A sequence of str; a bare str is refused, never split into characters."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of str, got {type(value).__name__}")
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{name} entries must be str, got {type(item).__name__}")
+        if not item or "\0" in item:
+            raise ValueError(f"{name} entries must be non-empty without NUL, got {item!r}")
+    return items
+
+
+def _script_memfd(command: bytes) -> int:
+    """A sealed memfd holding a long command."""
+    fd = os.memfd_create("shellseam-command", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(command)
+        while view:
+            view = view[os.write(fd, view) :]
+        # A shell reading fd 3 itself (not through /dev/fd/3) starts at the shared offset.
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
@@ -128,7 +233,8 @@ class LocalShellExecutor(ShellExecutor):
         max_output_bytes: int = 64_000,
         max_spill_bytes: int = 64 * 2**20,
         grace_ms: int = 3_000,
-        scrub_patterns: Sequence[str] = ("*KEY*", "*SECRET*", "*TOKEN*"),
+        scrub_patterns: Sequence[str] = DEFAULT_SCRUB_PATTERNS,
+        allow_env: Sequence[str] = DEFAULT_ALLOW_ENV,
         managed_prefix: str = "DSH_",
         service: SubprocessService | None = None,
         shell: str = "bash",
@@ -149,7 +255,10 @@ class LocalShellExecutor(ShellExecutor):
         self.max_output_bytes = max_output_bytes
         self.max_spill_bytes = max_spill_bytes
         self.grace_ms = grace_ms
-        self.scrub_patterns = tuple(scrub_patterns)
+        self.scrub_patterns = _names(scrub_patterns, "scrub_patterns")
+        self.allow_env = _names(allow_env, "allow_env")
+        if not isinstance(managed_prefix, str):
+            raise TypeError(f"managed_prefix must be str, got {type(managed_prefix).__name__}")
         self.managed_prefix = managed_prefix
         self._service = service
         # Not in SPEC (which runs bash): front ends that must match another harness's shell
@@ -159,8 +268,19 @@ class LocalShellExecutor(ShellExecutor):
         self.shell = _check_shell(shell)
         self._shell_program = _BASH if shell == "bash" else _shell_path(shell)
         self._shell_argv0 = os.fsencode(shell)
-        self._env = EnvBuilder(
-            list(self.scrub_patterns), managed_prefix, _STARTUP_FILE_VARS, _pairs(TERMINAL_ENV)
+        self._env = self._env_builder(())
+
+    def _env_builder(
+        self, drop_names: Sequence[bytes], fixed: Sequence[tuple[str, str]] = ()
+    ) -> EnvBuilder:
+        """Environment rules with extra dropped names and extra fixed variables (set after
+        the terminal settings, before the call's own env, which wins)."""
+        return EnvBuilder(
+            list(self.scrub_patterns),
+            self.managed_prefix,
+            [*_STARTUP_FILE_VARS, *drop_names],
+            _pairs([*TERMINAL_ENV, *fixed]),
+            [os.fsencode(n) for n in self.allow_env],
         )
 
     @property
@@ -174,6 +294,8 @@ class LocalShellExecutor(ShellExecutor):
         if not isinstance(request, ShellExecRequest):
             raise invalid(f"expected a ShellExecRequest, got {type(request).__name__}")
         command = check_command(request.command)
+        if len(command) > MAX_COMMAND_BYTES // 4 and len(command.encode()) > MAX_COMMAND_BYTES:
+            raise invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
         workdir = self.cwd if request.workdir is None else check_workdir(request.workdir)
         workdir = os.path.abspath(os.path.join(self.cwd, workdir))
         timeout_ms = self.timeout_ms if request.timeout_ms is None else request.timeout_ms
@@ -204,11 +326,12 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- sandbox hooks (overridden by SandboxShellExecutor) ------------------------------
 
-    def _ruleset(self, spec: ShellExecSpec) -> Ruleset | None:
-        return None
+    def _prepare(self, spec: ShellExecSpec) -> Confinement:
+        """What a call needs beyond the command: nothing when nothing is confined."""
+        return _UNCONFINED
 
     def _sandbox_info(
-        self, spec: ShellExecSpec, exit_code: int | None, stderr_tail: str
+        self, spec: ShellExecSpec, exit_code: int | None, stdout_tail: str, stderr_tail: str
     ) -> ShellSandboxInfo | None:
         return None
 
@@ -217,43 +340,75 @@ class LocalShellExecutor(ShellExecutor):
 
     # -- spawning ----------------------------------------------------------------------
 
-    def _child_env(self, spec: ShellExecSpec) -> ChildEnv:
+    def _child_env(self, spec: ShellExecSpec, confinement: Confinement | None = None) -> ChildEnv:
         # posix.environ is the bytes dict behind os.environ (kept current by it); the
-        # builder caches the filtered inherited layer until that dict changes.
-        return self._env.build(
+        # builder caches the filtered inherited layer until that dict changes. A confined
+        # call's own variables (TMPDIR, caches) come before the caller's env, which wins.
+        conf = confinement if confinement is not None else _UNCONFINED
+        extra = _pairs(spec.env) if spec.env else []
+        if conf.env:
+            extra = [*conf.env, *extra]
+        builder = conf.env_builder if conf.env_builder is not None else self._env
+        return builder.build(
             posix.environ,
-            _pairs(spec.env) if spec.env else None,
+            extra or None,
             _pairs(spec.managed_env) if spec.managed_env else None,
         )
 
     def child_env(self, spec: ShellExecSpec) -> list[tuple[bytes, bytes]]:
         """The child's environment for ``spec``, in the SPEC's order (module docstring)."""
-        return self._child_env(spec).pairs()
+        conf = self._prepare(spec)
+        try:
+            return self._child_env(spec, conf).pairs()
+        finally:
+            conf.settle()
 
-    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> ManagedProcess:
-        ruleset = self._ruleset(spec)
+    def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> tuple[ManagedProcess, Confinement]:
+        """Spawns the call; the caller settles the confinement when the call settles (a
+        foreground call right after its wait, a background one from its done callback)."""
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
             raise invalid(f"not encodable as UTF-8: {err.reason}") from None
-        return self.service.spawn(
-            program=self._shell_program,
-            argv=[self._shell_argv0, b"-c", command],
-            cwd=spec.workdir,
-            env=self._child_env(spec),
-            stdin=stdin,
-            stdout_cap=stdout_cap,
-            stderr_cap=self.max_output_bytes,
-            spill_cap=self.max_spill_bytes,
-            grace_ms=self.grace_ms,
-            ruleset=ruleset,
-        )
+        if len(command) > MAX_COMMAND_BYTES:
+            raise invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
+        conf = self._prepare(spec)
+        script_fd = None
+        try:
+            if len(command) > _MAX_ARG_BYTES:
+                # Beyond one argument's limit: bash reads the script from a sealed memfd.
+                script_fd = _script_memfd(command)
+                stub = _LONG_COMMAND_STUB if self.shell == "bash" else _POSIX_LONG_COMMAND_STUB
+                argv = [self._shell_argv0, b"-c", stub]
+            else:
+                argv = [self._shell_argv0, b"-c", command]
+            proc = self.service.spawn(
+                program=self._shell_program,
+                argv=argv,
+                cwd=spec.workdir,
+                env=self._child_env(spec, conf),
+                stdin=stdin,
+                stdout_cap=stdout_cap,
+                stderr_cap=self.max_output_bytes,
+                spill_cap=self.max_spill_bytes,
+                grace_ms=self.grace_ms,
+                ruleset=conf.ruleset,
+                script_fd=script_fd,
+            )
+        except BaseException:
+            conf.settle()
+            raise
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
+        return proc, conf
 
     def _result(
         self, spec: ShellExecSpec, finished: Finished, cause: Cause | None
     ) -> ShellRunResult:
         outcome = finished.outcome
+        stdout = _collected(finished.stdout)
         stderr = _collected(finished.stderr)
         signum = outcome.signal
         return ShellRunResult(
@@ -262,11 +417,11 @@ class LocalShellExecutor(ShellExecutor):
             timed_out=cause == "timeout",
             aborted=cause == "abort",
             timeout_ms=spec.timeout_ms,
-            stdout=_collected(finished.stdout),
+            stdout=stdout,
             stderr=stderr,
             duration_ms=outcome.duration_ms,
             leftover_killed=outcome.leftover_killed,
-            sandbox=self._sandbox_info(spec, outcome.exit_code, stderr.text),
+            sandbox=self._sandbox_info(spec, outcome.exit_code, stdout.text, stderr.text),
             exit_status_unknown=outcome.exit_status_unknown,
         )
 
@@ -291,7 +446,7 @@ class LocalShellExecutor(ShellExecutor):
         signal = spec.signal
         if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
-        proc = self._spawn(spec, spec.stdout_max_bytes)
+        proc, conf = self._spawn(spec, spec.stdout_max_bytes)
         # The hot path: one native call waits and hands back the result; the deadline and
         # its abort listener exist only when there is a signal to listen to or a timeout.
         deadline = remove = None
@@ -312,6 +467,7 @@ class LocalShellExecutor(ShellExecutor):
         finally:
             if remove is not None:
                 remove()
+            conf.settle()
         assert finished is not None, "an unbounded wait returns the result"
         return self._result(spec, finished, None if deadline is None else deadline.cause)
 
@@ -319,8 +475,8 @@ class LocalShellExecutor(ShellExecutor):
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
-        proc = await self.service.spawn_off_loop(
-            lambda: self._spawn(spec, spec.stdout_max_bytes), ManagedProcess.kill
+        proc, conf = await self.service.spawn_off_loop(
+            lambda: self._spawn(spec, spec.stdout_max_bytes), _abandon
         )
         deadline = Deadline(proc.kill)
         with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
@@ -334,6 +490,8 @@ class LocalShellExecutor(ShellExecutor):
                     except asyncio.CancelledError:
                         continue
                 raise
+            finally:
+                conf.settle()
         finished = proc.result()
         assert finished is not None, "a settled process has a result"
         return self._result(spec, finished, deadline.cause)
@@ -343,7 +501,7 @@ class LocalShellExecutor(ShellExecutor):
     def start(self, spec: ShellExecSpec) -> ShellProcess:
         check_spec(spec)
         try:
-            proc = self._spawn(spec, self.max_output_bytes)
+            proc, conf = self._spawn(spec, self.max_output_bytes)
         except ShellError as err:
             if err.code == DISPOSED:
                 raise
@@ -357,9 +515,11 @@ class LocalShellExecutor(ShellExecutor):
         stamp = None
         if self.sandbox_mode is not None:
 
-            def stamp(exit_code: int | None, stderr_tail: str) -> ShellSandboxInfo:
-                info = self._sandbox_info(spec, exit_code, stderr_tail)
+            def stamp(exit_code: int | None, stdout: str, stderr: str) -> ShellSandboxInfo:
+                info = self._sandbox_info(spec, exit_code, stdout, stderr)
                 assert info is not None
                 return info
 
+        if conf.cleanup is not None:
+            proc.add_done_callback(conf.settle)
         return ShellProcess(proc=proc, sandbox_stamp=stamp)

@@ -21,8 +21,8 @@ from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
 if TYPE_CHECKING:
     from .service import ManagedProcess
 
-#: Derives the sandbox facts of a settled process from its exit code and stderr tail.
-SandboxStamp = Callable[[int | None, str], ShellSandboxInfo]
+#: Derives the sandbox facts of a settled process from its exit code and output tails.
+SandboxStamp = Callable[[int | None, str, str], ShellSandboxInfo]
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -87,8 +87,8 @@ class ShellProcess:
                 outcome = self._proc.outcome()
                 if outcome is None:
                     return None
-                stderr_tail = self._proc.collected()[1].text
-                self._sandbox = self._stamp(outcome.exit_code, stderr_tail)
+                collected = self._proc.collected()
+                self._sandbox = self._stamp(outcome.exit_code, collected[0].text, collected[1].text)
             return self._sandbox
 
     # -- reading -----------------------------------------------------------------------

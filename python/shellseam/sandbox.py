@@ -1,52 +1,78 @@
-"""``SandboxShellExecutor``: the local executor with a Landlock ruleset per call.
+"""``SandboxShellExecutor``: the local executor with a confinement per call.
 
-The ruleset is built here, in the harness, and enforced by the child between clone and
-exec (the harness itself is never restricted). A confined mode without Landlock fails
-closed: ``run`` raises ``ShellError(SANDBOX_UNAVAILABLE)`` and a background start settles
-``killed`` with ``runner_failed``. ``denied`` is a conservative reading of the result.
+The confinement (a Landlock ruleset, a seccomp filter and the privilege drop) is built
+here, in the harness, and applied by the child between clone and exec; the harness itself
+is never restricted. A confined mode without Landlock fails closed: ``run`` raises
+``ShellError(SANDBOX_UNAVAILABLE)`` and a background start settles ``killed`` with
+``runner_failed``.
+
+Roots are pinned: each root path is resolved to its real path at ``resolve`` and the
+directory it names the first time (device, inode) is remembered with an ``O_PATH`` fd held
+for the executor's life. Rules are built from those fds, never from paths a command may
+have swapped since, and a root path that later names another directory is refused
+(``workspace root changed: <path>``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import os
+import re
+import shutil
+import tempfile
 import threading
-from typing import Any
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
-from . import service
+from . import service as native
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
-from .local import LocalShellExecutor
-from .service import Ruleset
+from .local import Confinement, LocalShellExecutor
+from .service import EnvBuilder, Ruleset, SubprocessService
 from .types import (
     SANDBOX_MODES,
     SandboxEnforcement,
     SandboxMode,
     SandboxPolicy,
-    ShellExecRequest,
     ShellExecSpec,
     ShellSandboxInfo,
 )
 
-#: Filesystem-permission signatures that mark a failure as a sandbox denial.
-DENIAL_SIGNATURES = ("Permission denied", "Read-only file system", "Operation not permitted")
+#: Permission signatures (matched case-insensitively in the stdout and stderr tails) that
+#: mark a failed confined command as a sandbox denial.
+DENIAL_SIGNATURES = (
+    "permission denied",
+    "read-only file system",
+    "operation not permitted",
+    "eacces",
+    "eperm",
+    "erofs",
+)
+_DENIAL_RE = re.compile("|".join(re.escape(s) for s in DENIAL_SIGNATURES), re.IGNORECASE)
+#: bash's own message when the command names a file it cannot execute (exit 126).
+#: The shell's own "cannot execute" line: bash's (`bash: line 1: ./x: Permission denied`) and
+#: dash's (`/bin/sh: 1: ./x: Permission denied`), for the ``shell=`` option.
+_EXEC_DENIED_RE = re.compile(
+    r"^[^\s:]*sh: (?:(?:line )?\d+: )?.*: permission denied\s*$", re.IGNORECASE
+)
 
+#: Roots every workspace-write call may write besides its own (spec §3).
+_SHARED_WRITABLE = ("/tmp", "/dev/shm")
+#: Variables pointed at the per-service cache directory unless the caller set them.
+_CACHE_VARS = ("XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache")
+#: Removed from a confined command's inherited environment (spec.env may pass it back).
+_CONFINED_DROPS = (b"SSH_AUTH_SOCK",)
 
 _RULESET_CACHE_SIZE = 64
-_TMPDIR_ATTR = "_shellseam_tmpdir"
+_MAX_PINNED_ROOTS = 4096
 
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of a root, None when it does not exist (then it grants nothing)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+Identity = tuple[int, int]
 
 
 def landlock_abi() -> int:
     """The running kernel's Landlock ABI (0: none)."""
-    return service.landlock_abi()
+    return native.landlock_abi()
 
 
 def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforcement | None:
@@ -54,83 +80,439 @@ def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforceme
     requested feature, or Landlock altogether, is missing); None when nothing is confined."""
     if mode == "danger-full-access":
         return None
-    return "partial" if service.landlock_missing(network) else "full"
+    return "partial" if native.landlock_missing(network) else "full"
+
+
+def _refuse(reason: str) -> ShellError:
+    return ShellError(SANDBOX_UNAVAILABLE, reason)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def is_denial(exit_code: int | None, stdout_tail: str, stderr_tail: str) -> bool:
+    """Whether a confined command's failure reads as a permission denial: a nonzero exit
+    (not a signal) with a permission signature in either tail, except bash's exit 126 for a
+    file it cannot execute (its last stderr line)."""
+    if exit_code is None or exit_code == 0:
+        return False
+    if exit_code == 126:
+        # The shell's message is the last line of stderr, or of stdout when a front end
+        # merged the streams (mini-swe-agent).
+        stderr_tail = _without_exec_denial(stderr_tail)
+        stdout_tail = _without_exec_denial(stdout_tail)
+    return bool(_DENIAL_RE.search(stderr_tail) or _DENIAL_RE.search(stdout_tail))
+
+
+def _without_exec_denial(tail: str) -> str:
+    lines = tail.rstrip("\n").split("\n")
+    if lines and _EXEC_DENIED_RE.match(lines[-1]):
+        return "\n".join(lines[:-1])
+    return tail
+
+
+class _PinnedRoots:
+    """Root path → the directory identity it had when first seen, with an O_PATH fd held
+    on that directory (so the identity can never be reused while the executor lives)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[str, tuple[str, Identity]] = {}
+        self._absent: set[str] = set()
+        self._fds: dict[Identity, int] = {}
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+
+    def pin(self, path: str) -> tuple[str, Identity] | None:
+        """(real path, identity) of ``path``; None when nothing exists there (a root that
+        does not exist grants nothing and is not pinned). A path seen before costs one
+        ``stat``: it must still name the same directory."""
+        known = self._known.get(path)
+        if known is not None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                raise _refuse(f"workspace root changed: {path}") from None
+            if (st.st_dev, st.st_ino) != known[1]:
+                raise _refuse(f"workspace root changed: {path}")
+            return known
+        return self._pin_first(path)
+
+    def _pin_first(self, path: str) -> tuple[str, Identity] | None:
+        real = os.path.realpath(path)
+        if path in self._absent and real != os.path.normpath(path):
+            # Nothing was there when first seen; what appeared since goes through a symlink
+            # a command may have planted (e.g. `ln -s / /tmp/later`): never grant it.
+            raise _refuse(f"workspace root changed: {path}")
+        try:
+            fd = os.open(real, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            with self._lock:
+                if len(self._absent) < _MAX_PINNED_ROOTS:
+                    self._absent.add(path)
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        ident = (st.st_dev, st.st_ino)
+        with self._lock:
+            for key in (path, real):
+                known = self._known.get(key)
+                if known is not None and known[1] != ident:
+                    os.close(fd)
+                    raise _refuse(f"workspace root changed: {path}")
+            if ident in self._fds:
+                os.close(fd)
+            elif len(self._fds) >= _MAX_PINNED_ROOTS:
+                os.close(fd)
+                raise _refuse(f"too many distinct sandbox roots (over {_MAX_PINNED_ROOTS})")
+            else:
+                self._fds[ident] = fd
+            self._known.setdefault(path, (real, ident))
+            self._known.setdefault(real, (real, ident))
+        return real, ident
+
+    def fd(self, ident: Identity) -> int:
+        with self._lock:
+            return self._fds[ident]
+
+
+def _still_same(checks: tuple[tuple[str, Identity | None], ...]) -> bool:
+    """Whether every root path still names the directory it was pinned to, or still names
+    nothing (one stat each)."""
+    for path, ident in checks:
+        try:
+            st = os.stat(path)
+        except OSError:
+            if ident is None:
+                continue
+            return False
+        if (st.st_dev, st.st_ino) != ident:
+            return False
+    return True
+
+
+def _close_all(fds: dict[Identity, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
+class _ServiceCache:
+    """The per-service cache directory confined commands use for XDG/pip/npm caches (never
+    the user's real caches: a poisoned cache would later run unconfined). Removed when
+    the service is collected or the interpreter exits."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _dirs: ClassVar[weakref.WeakKeyDictionary[SubprocessService, str]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def path(cls, service: SubprocessService) -> str:
+        """The service's cache directory (made on first use; the caller's pin check tells
+        when it was removed or replaced, then ``renew`` makes another)."""
+        path = cls._dirs.get(service)
+        if path is not None:
+            return path
+        with cls._lock:
+            path = cls._dirs.get(service)
+            return path if path is not None else cls._create(service)
+
+    @classmethod
+    def renew(cls, service: SubprocessService) -> str:
+        """A fresh directory, when a command removed or replaced the previous one (it may:
+        the directory is writable) — never a refusal of every later call."""
+        with cls._lock:
+            return cls._create(service)
+
+    @classmethod
+    def _create(cls, service: SubprocessService) -> str:
+        os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
+        path = tempfile.mkdtemp(prefix="cache-", dir=service.spill_parent)
+        cls._dirs[service] = path
+        weakref.finalize(service, shutil.rmtree, path, True)
+        return path
+
+
+_protected = False
+_protect_lock = threading.Lock()
+
+
+def make_harness_non_dumpable() -> None:
+    """Makes the harness non-dumpable (once): its ``/proc/<pid>/environ``, ``mem`` and
+    ``maps`` then need CAP_SYS_PTRACE, which no confined command has."""
+    global _protected
+    with _protect_lock:
+        if not _protected:
+            native.protect_harness()
+            _protected = True
 
 
 class SandboxShellExecutor(LocalShellExecutor):
-    """Confines each command with Landlock according to its ``SandboxPolicy``."""
+    """Confines each command according to its ``SandboxPolicy``.
 
-    def __init__(self, *, mode: SandboxMode = "workspace-write", **config: Any) -> None:
+    ``protect_harness=True`` (default) makes the harness process non-dumpable when the
+    executor is built, so that no command can read its environment or memory through
+    ``/proc``; it also hides the harness from same-uid debuggers (``py-spy``, ``gdb -p``).
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: SandboxMode = "workspace-write",
+        protect_harness: bool = True,
+        **config: Any,
+    ) -> None:
         if mode not in SANDBOX_MODES:
-            raise ShellError(INVALID_REQUEST, f"unknown sandbox mode {mode!r}")
+            raise ValueError(f"mode must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}")
+        if not isinstance(protect_harness, bool):
+            raise TypeError("protect_harness must be a bool")
         super().__init__(**config)
         self.default_mode: SandboxMode = mode
         self.sandbox_mode = mode
-        self._rulesets: dict[object, Ruleset] = {}
+        self.protect_harness = protect_harness
+        self._pins = _PinnedRoots()
+        self._spill_reals: dict[str, str] = {}
+        self._rulesets: OrderedDict[object, Ruleset] = OrderedDict()
         self._rulesets_lock = threading.Lock()
+        self._confined_env = self._env_builder(_CONFINED_DROPS)
+        self._cache_envs: dict[str, EnvBuilder] = {}
+        self._prepared: dict[
+            object, tuple[SubprocessService, tuple[tuple[str, Identity | None], ...], Confinement]
+        ] = {}
+        if protect_harness:
+            make_harness_non_dumpable()
+
+    # -- resolve: validate, realpath and pin the roots ---------------------------------
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy:
-        if policy is not None:
-            if policy.mode not in SANDBOX_MODES:
-                raise ShellError(INVALID_REQUEST, f"unknown sandbox mode {policy.mode!r}")
-            if not os.path.isabs(policy.workspace_root):
-                raise ShellError(INVALID_REQUEST, "workspace_root must be absolute")
-            return policy
-        return SandboxPolicy(mode=self.default_mode, workspace_root=self.cwd)
-
-    def resolve(self, request: ShellExecRequest) -> ShellExecSpec:
-        spec = super().resolve(request)
-        # "$TMPDIR" means the harness's value at resolve time: remember it on the spec
-        # (outside its compared fields) for the ruleset built at spawn.
-        object.__setattr__(spec, _TMPDIR_ATTR, os.environ.get("TMPDIR"))
-        return spec
+        if policy is None:
+            policy = SandboxPolicy(mode=self.default_mode, workspace_root=self.cwd)
+        elif not isinstance(policy, SandboxPolicy):
+            raise ShellError(INVALID_REQUEST, "sandbox_policy must be a SandboxPolicy")
+        if policy.mode not in SANDBOX_MODES:
+            raise ShellError(INVALID_REQUEST, f"unknown sandbox mode {policy.mode!r}")
+        if not isinstance(policy.network, bool):
+            raise ShellError(INVALID_REQUEST, "sandbox_policy.network must be a bool")
+        workspace = _absolute(policy.workspace_root, "workspace_root")
+        extra = policy.writable_roots
+        if isinstance(extra, str) or not isinstance(extra, Sequence):
+            raise ShellError(INVALID_REQUEST, "writable_roots must be a sequence of paths")
+        roots = [_absolute(r, "writable_roots") for r in extra]
+        if policy.mode == "danger-full-access":
+            return SandboxPolicy(
+                mode=policy.mode,
+                workspace_root=workspace,
+                writable_roots=tuple(roots),
+                network=policy.network,
+            )
+        pinned = self._pins.pin(workspace)
+        workspace = pinned[0] if pinned else os.path.realpath(workspace)
+        real_roots: list[str] = []
+        if policy.mode == "workspace-write":
+            tmpdir = os.environ.get("TMPDIR")
+            if tmpdir and os.path.isabs(tmpdir) and "\0" not in tmpdir:
+                # "$TMPDIR" means the harness's value at resolve time.
+                roots.append(tmpdir)
+            for root in roots:
+                got = self._pins.pin(root)
+                real = got[0] if got else os.path.realpath(root)
+                if real not in real_roots and real != workspace:
+                    real_roots.append(real)
+        return SandboxPolicy(
+            mode=policy.mode,
+            workspace_root=workspace,
+            writable_roots=tuple(real_roots),
+            network=policy.network,
+        )
 
     def _policy(self, spec: ShellExecSpec) -> SandboxPolicy:
         return spec.sandbox_policy or self._stamp_policy(None)
 
-    def _ruleset(self, spec: ShellExecSpec) -> Ruleset | None:
+    # -- spawn: the confinement of one call --------------------------------------------
+
+    def _prepare(self, spec: ShellExecSpec) -> Confinement:
         policy = self._policy(spec)
         if policy.mode == "danger-full-access":
-            return None
+            return super()._prepare(spec)
         if landlock_abi() < 1:
-            raise ShellError(SANDBOX_UNAVAILABLE, "Landlock is not available on this kernel")
-        roots: list[str] = []
-        if policy.mode == "workspace-write":
-            roots = [policy.workspace_root, *policy.writable_roots, "/tmp"]
-            tmpdir = getattr(spec, _TMPDIR_ATTR, os.environ.get("TMPDIR"))
-            if tmpdir:
-                roots.append(tmpdir)
-        # A ruleset fd can be enforced by any number of children: reuse it while the roots
-        # are the same inodes (a replaced directory gets a fresh ruleset, never a stale grant).
-        key = (tuple((root, _identity(root)) for root in roots), policy.network)
+            raise _refuse("Landlock is not available on this kernel")
+        service = self.service
+        if policy.mode == "read-only":
+            return self._prepare_read_only(spec, policy, service)
+        key = (policy.workspace_root, policy.writable_roots, policy.network, id(service))
+        hit = self._prepared.get(key)
+        if hit is not None and hit[0] is service and _still_same(hit[1]):
+            return hit[2]
+        roots = [policy.workspace_root, *policy.writable_roots, *_SHARED_WRITABLE]
+        idents = self._writable_identities(roots, service)
+        cache = _ServiceCache.path(service)
+        try:
+            cache_pin = self._pins.pin(cache)
+        except ShellError:
+            cache_pin = None
+        if cache_pin is None:  # removed (not pinned yet) or replaced (refused): a fresh one
+            cache = _ServiceCache.renew(service)
+            cache_pin = self._pins.pin(cache)
+        if cache_pin is not None:
+            idents.append(cache_pin[1])
+        ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
+        conf = Confinement(ruleset=ruleset, env_builder=self._cache_env(cache))
+        # The next call of this policy only re-checks that every root is the same directory.
+        checks = tuple((path, self._pins.pin(path)) for path in (*roots, cache))
+        if len(self._prepared) >= _RULESET_CACHE_SIZE:
+            self._prepared.clear()
+        self._prepared[key] = (service, tuple((p, got and got[1]) for p, got in checks), conf)
+        return conf
+
+    def _cache_env(self, cache: str) -> EnvBuilder:
+        """The confined environment rules with the cache variables fixed (a call's own env
+        still wins): one builder per cache directory, so its environment stays cached."""
+        builder = self._cache_envs.get(cache)
+        if builder is None:
+            fixed = [(name, cache) for name in _CACHE_VARS]
+            builder = self._cache_envs[cache] = self._env_builder(_CONFINED_DROPS, fixed)
+        return builder
+
+    def _writable_identities(self, roots: list[str], service: SubprocessService) -> list[Identity]:
+        """Pins every writable root (refusing a swapped one) and refuses roots that contain
+        the service's spill directory."""
+        spill = self._real_spill(service.spill_location)
+        idents: list[Identity] = []
+        for root in roots:
+            if not os.path.isabs(root):
+                raise ShellError(INVALID_REQUEST, f"sandbox roots must be absolute, got {root!r}")
+            got = self._pins.pin(root)
+            if got is None:
+                continue
+            real, ident = got
+            if _inside(spill, real):
+                raise _refuse(f"spill directory {spill} lies inside writable root {real}")
+            if ident not in idents:
+                idents.append(ident)
+        return idents
+
+    def _real_spill(self, location: str) -> str:
+        real = self._spill_reals.get(location)
+        if real is None:
+            real = self._spill_reals[location] = os.path.realpath(location)
+        return real
+
+    def _cached_ruleset(self, idents: list[Identity], network: bool, *, read_only: bool) -> Ruleset:
+        # A confinement can be applied by any number of children: reuse it while the roots
+        # are the same pinned directories.
+        key = (tuple(sorted(idents)), network, read_only)
         with self._rulesets_lock:
             cached = self._rulesets.get(key)
-        if cached is not None:
-            return cached
-        ruleset = service.build_ruleset(roots, policy.network)
+            if cached is not None:
+                self._rulesets.move_to_end(key)
+                return cached
+        ruleset = self._build(idents, network, read_only)
         with self._rulesets_lock:
-            if len(self._rulesets) >= _RULESET_CACHE_SIZE:
-                self._rulesets.pop(next(iter(self._rulesets)))
             self._rulesets[key] = ruleset
+            while len(self._rulesets) > _RULESET_CACHE_SIZE:
+                self._rulesets.popitem(last=False)
         return ruleset
 
+    def _build(self, idents: list[Identity], network: bool, read_only: bool) -> Ruleset:
+        return native.build_ruleset([self._pins.fd(i) for i in idents], network, read_only)
+
+    def _prepare_read_only(
+        self, spec: ShellExecSpec, policy: SandboxPolicy, service: SubprocessService
+    ) -> Confinement:
+        # A private scratch directory as $TMPDIR (bash here-docs over 64 KiB need one),
+        # made where no other confined command can write, removed when the call settles.
+        os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
+        tmpdir = tempfile.mkdtemp(prefix="tmp-", dir=service.spill_parent)
+        try:
+            fd = os.open(tmpdir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                ruleset = native.build_ruleset([fd], policy.network, True)
+            finally:
+                os.close(fd)
+        except BaseException:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise
+        env = [] if spec.env and "TMPDIR" in spec.env else [(b"TMPDIR", os.fsencode(tmpdir))]
+        return Confinement(
+            ruleset=ruleset,
+            env=env,
+            env_builder=self._confined_env,
+            cleanup=lambda: shutil.rmtree(tmpdir, ignore_errors=True),
+        )
+
+    # -- results ------------------------------------------------------------------------
+
     def _sandbox_info(
-        self, spec: ShellExecSpec, exit_code: int | None, stderr_tail: str
+        self, spec: ShellExecSpec, exit_code: int | None, stdout_tail: str, stderr_tail: str
     ) -> ShellSandboxInfo:
         policy = self._policy(spec)
         confined = policy.mode != "danger-full-access"
-        denied = (
-            confined
-            and exit_code is not None
-            and exit_code != 0
-            and any(sig in stderr_tail for sig in DENIAL_SIGNATURES)
-        )
         return ShellSandboxInfo(
             mode=policy.mode,
-            denied=denied,
+            denied=confined and is_denial(exit_code, stdout_tail, stderr_tail),
             enforcement=enforcement_for(policy.mode, policy.network),
         )
 
     def _runner_failed_info(self, spec: ShellExecSpec) -> ShellSandboxInfo:
         # The command never ran: no exit code, so never a denial.
-        return dataclasses.replace(self._sandbox_info(spec, None, ""), runner_failed=True)
+        policy = spec.sandbox_policy
+        mode = policy.mode if policy is not None else self.default_mode
+        network = policy.network if policy is not None else True
+        return ShellSandboxInfo(
+            mode=mode,
+            denied=False,
+            enforcement=enforcement_for(mode, network),
+            runner_failed=True,
+        )
+
+
+def _absolute(path: object, name: str) -> str:
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ShellError(INVALID_REQUEST, f"{name} must be a non-empty path, got {path!r}")
+    if not os.path.isabs(path):
+        raise ShellError(INVALID_REQUEST, f"{name} must be absolute, got {path!r}")
+    return os.path.normpath(path)
+
+
+def sandbox_facts() -> list[str]:
+    """What ``shellseam doctor`` says about confinement beyond the per-mode enforcement:
+    what every confined mode adds, and what a confined command can still do here."""
+    can_setpcap, _last_cap = native.capability_facts()
+    lines = [
+        "confined modes add: every capability dropped (bounding set cleared"
+        + ("" if can_setpcap else ": the harness lacks CAP_SETPCAP, nothing to clear")
+        + "), securebits locked, no_new_privs, no terminal, a seccomp filter (sockets refused "
+        "when network=False; chmod/chown/utime/xattr writes refused in read-only; keyrings, "
+        "io_uring, new namespaces, TIOCSTI/TIOCLINUX always refused)",
+        "harness protection: a SandboxShellExecutor makes the harness non-dumpable "
+        f"(protect_harness=True; dumpable now: {native.harness_dumpable()})",
+        "denial detection: permission signatures in the stdout/stderr tails "
+        "(Landlock audit records are not read)",
+        "a confined command can still: connect to pathname unix sockets it can see when "
+        "network=True (Landlock has no right for that on ABI <= 7)",
+        "a confined command can still: read every file the harness's user can read "
+        "(confinement restricts writes, not reads)",
+        "a confined command can still: write /tmp and /dev/shm in workspace-write mode, "
+        "shared with every other process",
+    ]
+    if os.geteuid() == 0:
+        lines.append(
+            "a confined command can still: chmod/chown root-owned files outside its writable "
+            "roots in workspace-write mode (the harness runs as root; Landlock has no right "
+            "for metadata; read-only refuses it)"
+        )
+    lines.append(
+        "a confined command can still: write .git/hooks and .git/config inside a writable "
+        "workspace (Landlock cannot carve a read-only hole in a writable root)"
+    )
+    spill = os.path.realpath(native.default_spill_parent())
+    for root in (*_SHARED_WRITABLE, os.environ.get("TMPDIR") or ""):
+        if root and _inside(spill, os.path.realpath(root)):
+            lines.append(
+                f"warning: the spill parent {spill} lies inside writable root {root}: "
+                "workspace-write calls will be refused (set XDG_CACHE_HOME or spill_parent)"
+            )
+    return lines

@@ -18,6 +18,7 @@ import atexit
 import concurrent.futures
 import logging
 import os
+import stat
 import tempfile
 import threading
 import weakref
@@ -84,13 +85,29 @@ def landlock_fs_rights() -> list[str]:
     return _core.landlock_fs_rights()
 
 
-def build_ruleset(writable_roots: list[str], network: bool) -> Ruleset:
-    """A Landlock ruleset for a confined mode; ``ShellError(SANDBOX_UNAVAILABLE)`` when the
-    kernel cannot build it."""
+def build_ruleset(writable_root_fds: list[int], network: bool, read_only: bool) -> Ruleset:
+    """The confinement of a mode (Landlock rules from pinned directory fds, the seccomp
+    filter, the privilege drop); ``ShellError(SANDBOX_UNAVAILABLE)`` when the kernel cannot
+    build it."""
     try:
-        return _core.build_ruleset(writable_roots, network)
+        return _core.build_ruleset(writable_root_fds, network, read_only)
     except _core.SandboxError as err:
         raise ShellError(SANDBOX_UNAVAILABLE, str(err.args[1])) from None
+
+
+def capability_facts() -> tuple[bool, int]:
+    """(the harness holds CAP_SETPCAP, the highest capability number)."""
+    return _core.capability_facts()
+
+
+def protect_harness() -> None:
+    """Makes this process non-dumpable (``PR_SET_DUMPABLE`` 0)."""
+    _core.protect_harness()
+
+
+def harness_dumpable() -> bool:
+    """Whether this process is dumpable."""
+    return _core.harness_dumpable()
 
 
 class ManagedProcess:
@@ -164,12 +181,58 @@ class _LoopWaiters:
                     fut.set_result(None)
 
 
+def _private_dir(path: str) -> bool:
+    """Creates ``path`` (0700) if needed; True when it is a real directory of ours."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+
+
+def default_spill_parent() -> str:
+    """Where spill directories go: ``$XDG_CACHE_HOME/shellseam``, else
+    ``~/.cache/shellseam``, else ``/var/tmp/shellseam-<uid>``, else the temp dir. The first
+    two lie outside every confined mode's default writable roots."""
+    candidates = []
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        candidates.append(os.path.join(xdg, "shellseam"))
+    home = os.path.expanduser("~")
+    if os.path.isabs(home):
+        candidates.append(os.path.join(home, ".cache", "shellseam"))
+    candidates.append(f"/var/tmp/shellseam-{os.geteuid()}")
+    for candidate in candidates:
+        if _private_dir(candidate):
+            return candidate
+    return tempfile.gettempdir()
+
+
+def _check_spill_total(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_spill_total_bytes must be an int, got {type(value).__name__}")
+    if value < 0 or value >= 2**64:
+        raise ValueError(f"max_spill_total_bytes must be in [0, 2**64), got {value}")
+    return value
+
+
 class SubprocessService:
     """Owns the native supervisor and every process spawned through it."""
 
-    def __init__(self, *, spill_parent: str | None = None, keep_spill: bool = False) -> None:
-        parent = spill_parent if spill_parent is not None else tempfile.gettempdir()
-        self._supervisor = _core.Supervisor(parent)
+    def __init__(
+        self,
+        *,
+        spill_parent: str | None = None,
+        max_spill_total_bytes: int = 2**30,
+        keep_spill: bool = False,
+    ) -> None:
+        if spill_parent is not None and not isinstance(spill_parent, str):
+            raise TypeError(f"spill_parent must be str, got {type(spill_parent).__name__}")
+        parent = spill_parent if spill_parent is not None else default_spill_parent()
+        self.spill_parent = os.path.abspath(parent)
+        self.max_spill_total_bytes = _check_spill_total(max_spill_total_bytes)
+        self._supervisor = _core.Supervisor(self.spill_parent, self.max_spill_total_bytes)
         self.keep_spill = keep_spill
         self._lock = threading.Lock()
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
@@ -193,6 +256,15 @@ class SubprocessService:
         return self._supervisor.spill_dir
 
     @property
+    def spill_location(self) -> str:
+        """The spill directory (created now if nothing spilled yet), or the parent it will
+        be made in when it cannot be: what a confined call's writable roots must not
+        contain."""
+        return (
+            self._supervisor.spill_dir or self._supervisor.ensure_spill_dir() or self.spill_parent
+        )
+
+    @property
     def running(self) -> int:
         """Processes not yet settled."""
         return self._supervisor.running
@@ -212,6 +284,7 @@ class SubprocessService:
         spill_cap: int,
         grace_ms: int,
         ruleset: Ruleset | None = None,
+        script_fd: int | None = None,
     ) -> ManagedProcess:
         """Spawns one process group; raises ``ShellError`` with an exact reason.
 
@@ -251,6 +324,7 @@ class SubprocessService:
                 spill_cap=spill_cap,
                 grace_ms=grace_ms,
                 ruleset=ruleset,
+                script_fd=script_fd,
             )
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
@@ -392,6 +466,11 @@ def _forget_default_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_default_after_fork)
+# A forked child closes every service's pipe ends (a copy of a command's stdin write end
+# would keep the command waiting for EOF until the child exits).
+os.register_at_fork(
+    before=_core.fork_prepare, after_in_parent=_core.fork_parent, after_in_child=_core.fork_child
+)
 
 
 def default_service() -> SubprocessService:

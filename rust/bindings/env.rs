@@ -79,8 +79,10 @@ impl EnvBuilder {
         managed_prefix: String,
         drop_names: Vec<Vec<u8>>,
         terminal: Vec<EnvPair>,
+        allowed_names: Vec<Vec<u8>>,
     ) -> Self {
-        let policy = EnvPolicy::new(&scrub_patterns, &managed_prefix, drop_names, terminal);
+        let policy = EnvPolicy::new(&scrub_patterns, &managed_prefix, drop_names, terminal)
+            .with_allowed(allowed_names);
         Self {
             inner: CoreEnvBuilder::new(policy),
         }

@@ -76,6 +76,25 @@ impl From<CoreError> for PyErr {
     }
 }
 
+/// Before `os.fork()`: holds the registry of the services' pipe ends.
+#[pyfunction]
+fn fork_prepare(py: Python<'_>) {
+    py.detach(crate::forksafe::prepare);
+}
+
+/// After `os.fork()` in the parent.
+#[pyfunction]
+fn fork_parent() {
+    crate::forksafe::parent();
+}
+
+/// After `os.fork()` in the child: the services' pipe ends are closed (they name
+/// /dev/null), so no command waits on a copy of its stdin held by the child.
+#[pyfunction]
+fn fork_child() {
+    crate::forksafe::child();
+}
+
 pub(crate) fn cstring(bytes: Vec<u8>, what: &str) -> PyResult<CString> {
     CString::new(bytes).map_err(|_| PyValueError::new_err(format!("{what} contains a NUL byte")))
 }
@@ -126,6 +145,9 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<env::Env>()?;
     m.add_class::<env::EnvBuilder>()?;
     m.add_function(wrap_pyfunction!(ruleset::build_ruleset, m)?)?;
+    m.add_function(wrap_pyfunction!(fork_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(fork_parent, m)?)?;
+    m.add_function(wrap_pyfunction!(fork_child, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_abi, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_missing, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_fs_rights, m)?)?;
@@ -136,6 +158,9 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::ReadDelta>()?;
     m.add_class::<records::Finished>()?;
     m.add("NativeError", m.py().get_type::<NativeError>())?;
+    m.add_function(wrap_pyfunction!(ruleset::capability_facts, m)?)?;
+    m.add_function(wrap_pyfunction!(ruleset::protect_harness, m)?)?;
+    m.add_function(wrap_pyfunction!(ruleset::harness_dumpable, m)?)?;
     m.add("SpawnError", m.py().get_type::<SpawnError>())?;
     m.add("DisposedError", m.py().get_type::<DisposedError>())?;
     m.add("SandboxError", m.py().get_type::<SandboxError>())?;

@@ -1,39 +1,68 @@
-//! `_core.Ruleset` and the Landlock probes.
+//! `_core.Ruleset` (a confined mode's child-side plan) and the Landlock probes.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::SandboxError;
+use crate::confine::{self, Confinement};
 use crate::landlock;
 
-/// A prepared Landlock ruleset (an fd the child enforces before exec).
+/// A prepared confinement: the Landlock ruleset fd, the seccomp filter and the privilege
+/// drop, applied by the child before exec. One is shared by every call of a policy.
 #[pyclass(frozen, module = "shellseam._core")]
 pub struct Ruleset {
-    pub(crate) fd: OwnedFd,
+    pub(crate) inner: Arc<Confinement>,
     #[pyo3(get)]
     enforcement: &'static str,
     #[pyo3(get)]
     missing: Vec<String>,
 }
 
-/// Builds the ruleset of a confined mode: read+execute everywhere, full access under
-/// `writable_roots`, TCP denied when `network` is False (where the kernel can).
+/// Takes a reference of our own to a caller's fd (EBADF for a closed one, never UB).
+fn dup_fd(fd: i32) -> PyResult<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC accepts any integer and returns a fresh fd or -1.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if new < 0 {
+        return Err(PyValueError::new_err(format!(
+            "writable_root_fds: {fd} is not an open fd: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: `new` was just returned by fcntl and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// Builds the confinement of a mode: read+execute everywhere, everything but device creation
+/// under the directories `writable_root_fds` (pinned O_PATH fds), sockets denied when
+/// `network` is False, metadata writes denied when `read_only`.
 #[pyfunction]
-#[pyo3(signature = (writable_roots, network))]
-pub(crate) fn build_ruleset(writable_roots: Vec<String>, network: bool) -> PyResult<Ruleset> {
-    let rs = landlock::build(&landlock::Policy {
-        writable_roots,
-        network,
-    })
-    .map_err(|e| {
-        let errno = e.raw_os_error().unwrap_or(0);
-        SandboxError::new_err(("SANDBOX_UNAVAILABLE", e.to_string(), errno, Some("sandbox")))
-    })?;
+#[pyo3(signature = (writable_root_fds, network, read_only))]
+pub(crate) fn build_ruleset(
+    py: Python<'_>,
+    writable_root_fds: Vec<i32>,
+    network: bool,
+    read_only: bool,
+) -> PyResult<Ruleset> {
+    let owned = writable_root_fds
+        .into_iter()
+        .map(dup_fd)
+        .collect::<PyResult<Vec<_>>>()?;
+    let conf = py
+        .detach(move || {
+            let roots: Vec<BorrowedFd<'_>> = owned.iter().map(|f| f.as_fd()).collect();
+            Confinement::build(&roots, network, read_only)
+        })
+        .map_err(|e| {
+            let errno = e.raw_os_error().unwrap_or(0);
+            SandboxError::new_err(("SANDBOX_UNAVAILABLE", e.to_string(), errno, Some("sandbox")))
+        })?;
     Ok(Ruleset {
-        fd: rs.fd,
-        enforcement: rs.enforcement.name(),
-        missing: rs.missing,
+        enforcement: conf.enforcement().name(),
+        missing: conf.missing().to_vec(),
+        inner: Arc::new(conf),
     })
 }
 
@@ -50,6 +79,35 @@ pub(crate) fn landlock_missing(network: bool) -> Vec<String> {
 
 /// Names of the filesystem rights the running kernel can handle.
 #[pyfunction]
-pub(crate) fn landlock_fs_rights() -> Vec<&'static str> {
-    landlock::describe_fs_rights(landlock::kernel_fs_rights())
+pub(crate) fn landlock_fs_rights() -> Vec<String> {
+    landlock::kernel_fs_rights()
+}
+
+/// Whether confined children can also clear the bounding set and lock securebits (the
+/// harness holds CAP_SETPCAP), and the highest capability number.
+#[pyfunction]
+pub(crate) fn capability_facts() -> (bool, i32) {
+    let f = confine::capability_facts();
+    (f.can_setpcap, f.last_cap)
+}
+
+/// Makes the harness non-dumpable: its /proc/<pid>/environ, mem and maps become readable
+/// only with CAP_SYS_PTRACE, which no confined command has.
+#[pyfunction]
+pub(crate) fn protect_harness() -> PyResult<()> {
+    // SAFETY: PR_SET_DUMPABLE with a plain integer argument changes only this process's flag.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if r != 0 {
+        return Err(pyo3::exceptions::PyOSError::new_err(
+            std::io::Error::last_os_error().to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the harness is dumpable (`PR_GET_DUMPABLE`).
+#[pyfunction]
+pub(crate) fn harness_dumpable() -> bool {
+    // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
 }

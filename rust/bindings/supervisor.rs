@@ -1,6 +1,5 @@
 //! `_core.Supervisor`: one subprocess service.
 
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +24,10 @@ pub struct Supervisor {
 #[pymethods]
 impl Supervisor {
     #[new]
-    fn new(spill_parent: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (spill_parent, spill_total=u64::MAX))]
+    fn new(spill_parent: PathBuf, spill_total: u64) -> PyResult<Self> {
         Ok(Self {
-            inner: Arc::new(Service::new(spill_parent).map_err(CoreError::Io)?),
+            inner: Arc::new(Service::new(spill_parent, spill_total).map_err(CoreError::Io)?),
         })
     }
 
@@ -35,6 +35,14 @@ impl Supervisor {
     fn spill_dir(&self) -> Option<String> {
         self.inner
             .spill_dir()
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    /// The spill directory, created now if nothing spilled yet; None when it cannot be
+    /// (disposed, or the parent is not writable).
+    fn ensure_spill_dir(&self) -> Option<String> {
+        self.inner
+            .ensure_spill_dir()
             .map(|p| p.to_string_lossy().into_owned())
     }
 
@@ -55,7 +63,7 @@ impl Supervisor {
 
     /// Spawns `argv` (program path `program`) in a new process group.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None))]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None))]
     fn spawn(
         &self,
         py: Python<'_>,
@@ -69,6 +77,7 @@ impl Supervisor {
         spill_cap: u64,
         grace_ms: u64,
         ruleset: Option<&Ruleset>,
+        script_fd: Option<i32>,
     ) -> PyResult<Proc> {
         let argv = argv
             .into_iter()
@@ -79,7 +88,8 @@ impl Supervisor {
             argv,
             envp: Arc::clone(&env.envp),
             cwd: cstring(cwd, "the working directory")?,
-            landlock_ruleset: ruleset.map(|r| r.fd.as_raw_fd()),
+            confinement: ruleset.map(|r| Arc::clone(&r.inner)),
+            script: script_fd,
         };
         let cfg = ProcConfig {
             stdout_cap,

@@ -1,0 +1,266 @@
+//! The child between clone and exec: raw, async-signal-safe syscalls on data the parent
+//! prepared (`ChildArgs`), no allocation, no locks, no Rust runtime. In order: reset signal
+//! dispositions, `setsid`, stdio with `dup3`, `chdir`, close-on-exec for every other fd, a
+//! long command's script on fd 3, then for a confined call the privilege drop, Landlock and
+//! seccomp (see `confine.rs`), then `execve`. A failure is reported as (stage, errno)
+//! through the close-on-exec report pipe.
+
+use std::ffi::c_void;
+use std::os::fd::RawFd;
+
+use crate::confine::{CapData, CapHeader, Confinement, LOCKED_SECUREBITS};
+use crate::errors::SpawnStage;
+use crate::spawn::SCRIPT_FD;
+
+/// Raw data the child reads. Built in the parent; every pointer stays valid until clone
+/// returns, which under CLONE_VFORK is after the child has exec'd or exited.
+#[repr(C)]
+pub(crate) struct ChildArgs {
+    pub(crate) program: *const libc::c_char,
+    pub(crate) argv: *const *const libc::c_char,
+    pub(crate) envp: *const *const libc::c_char,
+    pub(crate) cwd: *const libc::c_char,
+    pub(crate) stdio: [RawFd; 3],
+    pub(crate) report_fd: RawFd,
+    /// Highest fd to mark close-on-exec when `close_range` is unavailable.
+    pub(crate) max_fd: RawFd,
+    pub(crate) script_fd: RawFd,
+    pub(crate) confine: ChildConfinement,
+}
+
+/// The confinement steps of the child, as raw data (`active == false`: unconfined).
+#[repr(C)]
+pub(crate) struct ChildConfinement {
+    active: bool,
+    /// Clear the bounding set and lock securebits (the harness holds CAP_SETPCAP).
+    privileged: bool,
+    last_cap: libc::c_int,
+    cap_header: CapHeader,
+    cap_data: [CapData; 2],
+    landlock_fd: RawFd,
+    filter: libc::sock_fprog,
+}
+
+impl ChildConfinement {
+    pub(crate) fn from_plan(confinement: Option<&Confinement>) -> Self {
+        let mut c = Self {
+            active: false,
+            privileged: false,
+            last_cap: 0,
+            cap_header: CapHeader {
+                version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+                pid: 0,
+            },
+            cap_data: [CapData::default(); 2],
+            landlock_fd: -1,
+            filter: libc::sock_fprog {
+                len: 0,
+                filter: std::ptr::null_mut(),
+            },
+        };
+        if let Some(conf) = confinement {
+            c.active = true;
+            c.privileged = conf.caps.can_setpcap;
+            c.last_cap = conf.caps.last_cap;
+            c.landlock_fd = conf.landlock_fd();
+            c.filter = conf.filter_prog();
+        }
+        c
+    }
+}
+
+/// Raw syscall returning the kernel's `-errno` convention as `Err(errno)`.
+///
+/// `libc::syscall` stores errno in the calling thread's TLS, which the child shares with the
+/// suspended parent thread; reading it right away is async-signal-safe.
+#[inline(always)]
+fn sys(ret: libc::c_long) -> Result<libc::c_long, i32> {
+    if ret < 0 {
+        // SAFETY: __errno_location always returns this thread's errno slot.
+        Err(unsafe { *libc::__errno_location() })
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The child between clone and exec: raw syscalls only, no allocation, no locks.
+pub(crate) extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the parent's ChildArgs, alive until we exec or exit; the
+    // parent is suspended (CLONE_VFORK) and every pointer in it was prepared for us.
+    let (stage, errno) = unsafe { child_setup(&*(arg as *const ChildArgs)) };
+    // Only reached on failure: execve does not return on success.
+    let mut report = [0u8; 8];
+    report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+    report[4..].copy_from_slice(&errno.to_ne_bytes());
+    // SAFETY: raw write of a stack buffer, then exit_group; no Rust runtime involved.
+    unsafe {
+        let args = &*(arg as *const ChildArgs);
+        libc::syscall(
+            libc::SYS_write,
+            args.report_fd,
+            report.as_ptr(),
+            report.len(),
+        );
+        libc::syscall(libc::SYS_exit_group, 127);
+    }
+    127
+}
+
+/// Fails the setup at `stage` with the errno of the syscall that just failed.
+macro_rules! check {
+    ($ret:expr, $stage:expr) => {
+        if let Err(errno) = sys($ret) {
+            return ($stage, errno);
+        }
+    };
+}
+
+/// Every step between clone and exec; returns the failed stage and its errno (read once,
+/// right after the failing syscall). Does not return when `execve` succeeds.
+///
+/// # Safety
+/// Must run only in a child created by `clone(CLONE_VM | CLONE_VFORK)` from `spawn`, on the
+/// guarded child stack, with `args` (and everything it points to: argv, envp, the cwd, the
+/// seccomp filter) alive and unchanged until the child execs or exits, which CLONE_VFORK
+/// guarantees by suspending the parent. Only raw, async-signal-safe syscalls are made: no
+/// allocation, no locks, no Rust runtime.
+unsafe fn child_setup(args: &ChildArgs) -> (SpawnStage, i32) {
+    // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
+    // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
+    let dfl: [libc::c_ulong; 4] = [libc::SIG_DFL as libc::c_ulong, 0, 0, 0];
+    for sig in 1..65 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            dfl.as_ptr(),
+            std::ptr::null::<c_void>(),
+            8usize,
+        );
+    }
+    let empty: libc::c_ulong = 0;
+    check!(
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const libc::c_ulong,
+            std::ptr::null::<c_void>(),
+            8usize,
+        ),
+        SpawnStage::Signals
+    );
+
+    // A new session: its own process group and no controlling terminal, so nothing the
+    // command runs can read, inject into or take over the harness's terminal.
+    check!(libc::syscall(libc::SYS_setsid), SpawnStage::ProcessGroup);
+    for (target, &fd) in args.stdio.iter().enumerate() {
+        // dup3 (aarch64 has no dup2); the sources are above stdio, so never equal.
+        check!(
+            libc::syscall(libc::SYS_dup3, fd, target as libc::c_int, 0),
+            SpawnStage::Stdio
+        );
+    }
+    check!(libc::syscall(libc::SYS_chdir, args.cwd), SpawnStage::Chdir);
+
+    // Nothing of the harness leaks: every fd above stdio closes on exec.
+    let marked = sys(libc::syscall(
+        libc::SYS_close_range,
+        3u32,
+        u32::MAX,
+        libc::CLOSE_RANGE_CLOEXEC,
+    ));
+    if marked.is_err() {
+        for fd in 3..=args.max_fd {
+            libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+    if args.script_fd >= 0 {
+        let ret = if args.script_fd == SCRIPT_FD {
+            libc::syscall(libc::SYS_fcntl, SCRIPT_FD, libc::F_SETFD, 0)
+        } else {
+            libc::syscall(libc::SYS_dup3, args.script_fd, SCRIPT_FD, 0)
+        };
+        check!(ret, SpawnStage::Stdio);
+    }
+
+    if args.confine.active {
+        if let Some(failed) = confine_child(&args.confine) {
+            return failed;
+        }
+    }
+
+    libc::syscall(libc::SYS_execve, args.program, args.argv, args.envp);
+    (SpawnStage::Exec, *libc::__errno_location())
+}
+
+/// Drops every privilege, then enforces Landlock and seccomp (see `confine.rs` for why in
+/// this order). Returns the failure, if any.
+///
+/// # Safety
+/// As `child_setup`: only in the vfork child, with `c` (and its filter) alive.
+unsafe fn confine_child(c: &ChildConfinement) -> Option<(SpawnStage, i32)> {
+    macro_rules! step {
+        ($ret:expr) => {
+            if let Err(errno) = sys($ret) {
+                return Some((SpawnStage::Sandbox, errno));
+            }
+        };
+    }
+    if c.privileged {
+        // Both need CAP_SETPCAP, which the capset below takes away.
+        for cap in 0..=c.last_cap {
+            step!(libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_CAPBSET_DROP,
+                cap as libc::c_ulong,
+                0,
+                0,
+                0
+            ));
+        }
+        step!(libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_SET_SECUREBITS,
+            LOCKED_SECUREBITS,
+            0,
+            0,
+            0
+        ));
+    }
+    step!(libc::syscall(
+        libc::SYS_prctl,
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        0,
+        0,
+        0
+    ));
+    step!(libc::syscall(
+        libc::SYS_capset,
+        &c.cap_header as *const CapHeader,
+        c.cap_data.as_ptr()
+    ));
+    step!(libc::syscall(
+        libc::SYS_prctl,
+        libc::PR_SET_NO_NEW_PRIVS,
+        1,
+        0,
+        0,
+        0
+    ));
+    step!(libc::syscall(
+        libc::SYS_landlock_restrict_self,
+        c.landlock_fd,
+        0u32
+    ));
+    // Last: every setup syscall above runs unfiltered.
+    step!(libc::syscall(
+        libc::SYS_seccomp,
+        1u32, // SECCOMP_SET_MODE_FILTER
+        0u32,
+        &c.filter as *const libc::sock_fprog
+    ));
+    None
+}

@@ -1,0 +1,279 @@
+//! The seccomp filter of a confined command, built in the parent as classic BPF and installed
+//! by the vfork child (after `no_new_privs`, right before `execve`) with one raw syscall.
+//!
+//! Landlock has no right for `chmod`/`chown`/`utime`/xattr writes, none for creating a socket
+//! of a non-TCP family, and does not see keyrings or terminal ioctls; this filter refuses
+//! those with `EPERM`. It is a handful of instructions written by hand (no crate: nothing to
+//! gain for a filter this small, and nothing of it runs in the child but `seccomp(2)`):
+//! - every confined mode: keyrings (`keyctl`, `add_key`, `request_key`: the harness's session
+//!   keyring is shared with its children), `io_uring` (its operations bypass seccomp: sockets,
+//!   xattrs), `bpf` and `userfaultfd` (kernel attack surface no command needs), new namespaces (`unshare`, `setns`, `clone` with a namespace flag; `clone3`
+//!   answers `ENOSYS` so libc falls back to `clone`), and the terminal ioctls `TIOCSTI` and
+//!   `TIOCLINUX` (keystroke injection);
+//! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
+//!   `FS_IOC_SETFLAGS`/`FS_IOC_FSSETXATTR`);
+//! - `network=False`: `socket()` for every family (`socketpair` still works).
+//!
+//! A syscall made through another architecture's ABI (x32, or i386 `int 0x80` on x86_64)
+//! would be numbered differently: the filter kills such a process instead of guessing.
+
+/// What the filter refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilterPolicy {
+    pub read_only: bool,
+    pub deny_sockets: bool,
+}
+
+const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+const BPF_JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+const BPF_JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
+
+const RET_ALLOW: u32 = 0x7fff_0000;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+
+// Offsets into `struct seccomp_data`.
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+/// Low 32 bits of argument `i` (little-endian layout).
+const fn off_arg_low(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7;
+#[cfg(target_arch = "riscv64")]
+const AUDIT_ARCH: u32 = 0xC000_00F3;
+
+// Syscalls newer than some libc releases (numbered the same on every architecture).
+const SYS_FCHMODAT2: i64 = 452;
+const SYS_SETXATTRAT: i64 = 463;
+const SYS_REMOVEXATTRAT: i64 = 466;
+
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP) as u32;
+
+/// `FS_IOC_SETFLAGS` (chattr) and `FS_IOC_FSSETXATTR`: metadata writes through ioctl.
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+
+fn stmt(code: u16, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+fn errno(e: i32) -> u32 {
+    RET_ERRNO | (e as u32 & 0xffff)
+}
+
+/// Syscalls every confined mode refuses with EPERM.
+fn always_denied() -> Vec<i64> {
+    vec![
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_bpf,
+        libc::SYS_userfaultfd,
+    ]
+}
+
+/// Metadata-writing syscalls read-only mode refuses.
+fn metadata_writes() -> Vec<i64> {
+    let mut nrs = vec![
+        libc::SYS_fchmod,
+        libc::SYS_fchmodat,
+        SYS_FCHMODAT2,
+        libc::SYS_fchown,
+        libc::SYS_fchownat,
+        libc::SYS_utimensat,
+        libc::SYS_setxattr,
+        libc::SYS_lsetxattr,
+        libc::SYS_fsetxattr,
+        SYS_SETXATTRAT,
+        libc::SYS_removexattr,
+        libc::SYS_lremovexattr,
+        libc::SYS_fremovexattr,
+        SYS_REMOVEXATTRAT,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    nrs.extend([
+        libc::SYS_chmod,
+        libc::SYS_chown,
+        libc::SYS_lchown,
+        libc::SYS_utime,
+        libc::SYS_utimes,
+        libc::SYS_futimesat,
+    ]);
+    nrs
+}
+
+/// The filter program for `policy`, ready for `seccomp(SECCOMP_SET_MODE_FILTER)`.
+pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
+    let mut p = vec![
+        stmt(BPF_LD_W_ABS, OFF_ARCH),
+        jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0),
+        stmt(BPF_RET_K, RET_KILL_PROCESS),
+        stmt(BPF_LD_W_ABS, OFF_NR),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    {
+        // x32 syscalls share the arch value and set bit 30 of the number.
+        p.push(jump(BPF_JGE_K, 0x4000_0000, 0, 1));
+        p.push(stmt(BPF_RET_K, RET_KILL_PROCESS));
+    }
+    let mut denied = always_denied();
+    if policy.read_only {
+        denied.extend(metadata_writes());
+    }
+    if policy.deny_sockets {
+        denied.push(libc::SYS_socket);
+    }
+    for nr in denied {
+        p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
+        p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+    }
+    // clone3 passes its flags in memory a filter cannot read: make libc fall back to clone.
+    p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
+    p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
+    // clone(flags, ...): refuse namespace flags (A still holds the number when skipped).
+    p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 4));
+    p.push(stmt(BPF_LD_W_ABS, off_arg_low(0)));
+    p.push(jump(BPF_JSET_K, NAMESPACE_FLAGS, 1, 0));
+    p.push(stmt(BPF_RET_K, RET_ALLOW));
+    p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+    // ioctl(fd, cmd, ...): the kernel truncates cmd to 32 bits, so comparing the low word
+    // is exact.
+    let mut cmds = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+    if policy.read_only {
+        cmds.extend([FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR]);
+    }
+    let n = cmds.len() as u8;
+    p.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, n + 3));
+    p.push(stmt(BPF_LD_W_ABS, off_arg_low(1)));
+    for (i, cmd) in cmds.iter().enumerate() {
+        // Jump to the EPERM return, which follows the ALLOW after the last comparison.
+        p.push(jump(BPF_JEQ_K, *cmd, n - i as u8, 0));
+    }
+    p.push(stmt(BPF_RET_K, RET_ALLOW));
+    p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+    p.push(stmt(BPF_RET_K, RET_ALLOW));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny interpreter for the subset of classic BPF the filter uses.
+    fn run(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u32; 2]) -> u32 {
+        let mut acc = 0u32;
+        let mut pc = 0usize;
+        loop {
+            let ins = prog[pc];
+            match ins.code {
+                BPF_LD_W_ABS => {
+                    acc = match ins.k {
+                        OFF_NR => nr,
+                        OFF_ARCH => arch,
+                        k if k == off_arg_low(0) => args[0],
+                        k if k == off_arg_low(1) => args[1],
+                        k => panic!("unexpected load {k}"),
+                    };
+                    pc += 1;
+                }
+                BPF_RET_K => return ins.k,
+                code => {
+                    let taken = match code {
+                        BPF_JEQ_K => acc == ins.k,
+                        BPF_JGE_K => acc >= ins.k,
+                        BPF_JSET_K => acc & ins.k != 0,
+                        other => panic!("unexpected op {other:#x}"),
+                    };
+                    pc += 1 + if taken { ins.jt } else { ins.jf } as usize;
+                }
+            }
+        }
+    }
+
+    const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+
+    #[test]
+    fn read_only_refuses_metadata_writes_and_nothing_ordinary() {
+        let prog = build(FilterPolicy {
+            read_only: true,
+            deny_sockets: false,
+        });
+        for nr in metadata_writes() {
+            assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), EPERM, "nr {nr}");
+        }
+        for nr in [libc::SYS_read, libc::SYS_openat, libc::SYS_socket] {
+            assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), RET_ALLOW);
+        }
+        let ioctl = libc::SYS_ioctl as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]), EPERM);
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCSTI as u32]),
+            EPERM
+        );
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, libc::TCGETS as u32]),
+            RET_ALLOW
+        );
+    }
+
+    #[test]
+    fn sockets_namespaces_and_foreign_abis() {
+        let prog = build(FilterPolicy {
+            read_only: false,
+            deny_sockets: true,
+        });
+        let sock = libc::SYS_socket as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, sock, [0, 0]), EPERM);
+        let pair = libc::SYS_socketpair as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, pair, [0, 0]), RET_ALLOW);
+        let chmod = libc::SYS_fchmodat as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, chmod, [0, 0]), RET_ALLOW);
+        assert_eq!(run(&prog, 0x4000_0003, sock, [0, 0]), RET_KILL_PROCESS);
+        let clone = libc::SYS_clone as u32;
+        let plain = (libc::CLONE_VM | libc::SIGCHLD) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [plain, 0]), RET_ALLOW);
+        let userns = plain | libc::CLONE_NEWUSER as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [userns, 0]), EPERM);
+        let clone3 = libc::SYS_clone3 as u32;
+        let enosys = RET_ERRNO | libc::ENOSYS as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone3, [0, 0]), enosys);
+        let ioctl = libc::SYS_ioctl as u32;
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCLINUX as u32]),
+            EPERM
+        );
+        let keyctl = libc::SYS_keyctl as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, keyctl, [0, 0]), EPERM);
+    }
+}

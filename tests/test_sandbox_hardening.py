@@ -1,0 +1,339 @@
+"""Attacking the sandbox as a hostile model would, beyond the issue's list, and the
+everyday workflows the hardening must keep working (/dev/shm, here-docs in read-only,
+caches, honest denials)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import run
+from shellseam import (
+    SandboxPolicy,
+    SandboxShellExecutor,
+    ShellExecRequest,
+    SubprocessService,
+    landlock_abi,
+)
+from shellseam.sandbox import is_denial
+
+pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="kernel has no Landlock")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root harness")
+PY = sys.executable
+
+
+def py(code: str) -> str:
+    return f"{PY} -c {subprocess.list2cmdline([textwrap.dedent(code)])}"
+
+
+def errno_of(call: str) -> str:
+    """A python one-liner printing the errno name of a raw syscall (or 'ok')."""
+    return py(f"""
+        import ctypes, errno
+        libc = ctypes.CDLL(None, use_errno=True)
+        r = {call}
+        print("ok" if r >= 0 else errno.errorcode[ctypes.get_errno()])
+    """)
+
+
+@pytest.fixture
+def box() -> Iterator[dict[str, str]]:
+    base = tempfile.mkdtemp(prefix="shellseam-hard-", dir="/var/tmp")
+    ws = os.path.join(base, "ws")
+    protected = os.path.join(base, "protected")
+    os.mkdir(ws)
+    os.mkdir(protected)
+    with open(os.path.join(protected, "file"), "w") as f:
+        f.write("precious\n")
+    yield {"base": base, "ws": ws, "protected": protected, "file": f"{protected}/file"}
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def svc(box: dict[str, str]) -> Iterator[SubprocessService]:
+    service = SubprocessService(spill_parent=os.path.join(box["base"], "spill"))
+    yield service
+    service.dispose()
+
+
+def sandbox(
+    box: dict[str, str], svc: SubprocessService, mode: str = "workspace-write"
+) -> SandboxShellExecutor:
+    return SandboxShellExecutor(mode=mode, cwd=box["ws"], grace_ms=300, service=svc)  # type: ignore[arg-type]
+
+
+def unchanged(box: dict[str, str]) -> bool:
+    with open(box["file"]) as f:
+        return f.read() == "precious\n" and os.listdir(box["protected"]) == ["file"]
+
+
+# -- escapes through the filesystem ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "ln -s {protected} link && echo x > link/new",  # symlink out of the workspace
+        "ln {file} hard && echo x >> hard",  # hard link, then write through it
+        "mv {protected} stolen",  # move the protected tree in
+        "cp -a {file} copy && mv copy {protected}/file",  # replace through a rename
+        "exec 3<{file}; echo x >> /proc/self/fd/3",  # reopen a read fd for writing
+        "echo x > /proc/$$/root{file}",  # the /proc root magic link
+    ],
+)
+def test_filesystem_escapes_fail(box: dict[str, str], svc: SubprocessService, attack: str) -> None:
+    r = run(sandbox(box, svc), attack.format(**box))
+    assert r.exit_code != 0
+    assert unchanged(box)
+
+
+@needs_root
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern",
+        "echo 3 > /proc/sys/vm/drop_caches",
+        "echo $$ > /sys/fs/cgroup/pids/cgroup.procs",
+        "echo 1 > /sys/fs/cgroup/pids/pids.max",
+        "echo x > /dev/kmsg",
+        "head -c 1 /dev/mem",
+        "mount -t tmpfs none {ws}",
+        "unshare -Ur true",
+        "unshare -m true",
+        "chroot / true",
+        "capsh --addamb=cap_chown -- -c true",
+    ],
+)
+def test_privileged_operations_fail(
+    box: dict[str, str], svc: SubprocessService, attack: str
+) -> None:
+    before = open("/proc/sys/kernel/core_pattern").read()  # noqa: SIM115
+    r = run(sandbox(box, svc), attack.format(**box))
+    assert r.exit_code != 0, (attack, r.stdout.text)
+    assert open("/proc/sys/kernel/core_pattern").read() == before  # noqa: SIM115
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "expected"),
+    [
+        ("keyctl", "libc.syscall(250, 0, -3, 0)", "EPERM"),  # KEYCTL_GET_KEYRING_ID session
+        ("add_key", "libc.syscall(248, b'user', b'k', b'v', 1, -3)", "EPERM"),
+        ("io_uring_setup", "libc.syscall(425, 8, ctypes.create_string_buffer(120))", "EPERM"),
+        ("clone3", "libc.syscall(435, 0, 0)", "ENOSYS"),
+        ("setns", "libc.syscall(308, 0, 0)", "EPERM"),
+        ("bpf", "libc.syscall(321, 0, ctypes.create_string_buffer(64), 64)", "EPERM"),
+        ("userfaultfd", "libc.syscall(323, 0)", "EPERM"),
+    ],
+)
+def test_dangerous_syscalls_are_refused(
+    box: dict[str, str], svc: SubprocessService, name: str, call: str, expected: str
+) -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    r = run(sandbox(box, svc, "read-only"), errno_of(call))
+    assert r.stdout.text == f"{expected}\n", (name, r.stderr.text)
+
+
+def test_the_harness_cannot_be_traced_or_inspected(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc)
+    me = os.getpid()
+    for attack in (
+        f"strace -p {me} -e trace=none -o /dev/null & sleep 0.5; kill $! 2>/dev/null; wait $!",
+        f"readlink /proc/{me}/fd/0",
+        f"cat /proc/{me}/fd/0 < /dev/null",
+        f"cat /proc/{me}/environ",
+        f"cat /proc/{me}/maps",
+        f"head -c 16 /proc/{me}/mem",
+        f"ls /proc/{me}/root/",
+    ):
+        r = run(ex, attack)
+        assert r.exit_code != 0, (attack, r.stdout.text[:200])
+
+
+def test_no_signal_leaves_the_domain(box: dict[str, str], svc: SubprocessService) -> None:
+    """`kill -1` from a confined command reaches none of the harness's processes. SIGWINCH is
+    ignored by default, so nothing else on the machine is hurt if this ever fails."""
+    marker = os.path.join(box["base"], "winched")
+    victim = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            "import signal, time, sys\n"
+            f"signal.signal(signal.SIGWINCH, lambda *a: open({marker!r}, 'w').close())\n"
+            "print('ready', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert victim.stdout is not None and victim.stdout.readline() == b"ready\n"
+        old = signal.signal(signal.SIGWINCH, lambda *a: open(marker + ".harness", "w").close())
+        try:
+            r = run(sandbox(box, svc), f"kill -WINCH -1; kill -WINCH {victim.pid} {os.getpid()}")
+            time.sleep(0.2)
+        finally:
+            signal.signal(signal.SIGWINCH, old)
+        assert r.exit_code != 0 and "Operation not permitted" in r.stderr.text
+        assert not os.path.exists(marker) and not os.path.exists(marker + ".harness")
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+# -- what must keep working ------------------------------------------------------------------
+
+
+def test_dev_shm_and_multiprocessing_work_in_workspace_write(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    r = run(
+        sandbox(box, svc),
+        py("""
+            from multiprocessing import Pool
+            if __name__ == "__main__":
+                with Pool(2) as p:
+                    print(p.map(abs, [-1, -2]))
+        """),
+    )
+    assert (r.exit_code, r.stdout.text) == (0, "[1, 2]\n"), r.stderr.text
+    r = run(sandbox(box, svc), "f=/dev/shm/shellseam-$$; echo x > $f && cat $f && rm $f")
+    assert r.stdout.text == "x\n"
+    assert run(sandbox(box, svc, "read-only"), "echo x > /dev/shm/shellseam-ro").exit_code != 0
+
+
+def test_read_only_gets_a_private_tmpdir_for_here_docs(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc, "read-only")
+    body = "x" * 100_000
+    # (`touch` would fail: read-only refuses utime everywhere, its own TMPDIR included.)
+    r = run(ex, f"cat <<EOF | wc -c\n{body}\nEOF\necho $TMPDIR; echo > $TMPDIR/s && echo ok")
+    count, tmpdir, ok = r.stdout.text.split()
+    assert (r.exit_code, count, ok) == (0, str(len(body) + 1), "ok")
+    assert not os.path.exists(tmpdir), "removed when the call settled"
+    assert os.path.dirname(tmpdir) == os.path.realpath(svc.spill_parent)
+    # Every call has its own; nothing else became writable.
+    second = run(ex, f"echo $TMPDIR; echo > {os.path.dirname(tmpdir)}/x").stdout.text.strip()
+    assert second != tmpdir
+    assert not os.path.exists(os.path.join(os.path.dirname(tmpdir), "x"))
+
+
+def test_background_read_only_tmpdir_is_removed_when_settled(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc, "read-only")
+    proc = ex.start(ex.resolve(ShellExecRequest(command="echo $TMPDIR; sleep 0.2")))
+    assert proc.wait_sync(10)
+    tmpdir = proc.read_output().delta.strip()
+    deadline = time.monotonic() + 5
+    while os.path.exists(tmpdir) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not os.path.exists(tmpdir)
+
+
+def test_caches_point_at_a_per_service_directory(
+    box: dict[str, str], svc: SubprocessService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", os.path.join(box["base"], "real-cache"))
+    ex = sandbox(box, svc)
+    r = run(ex, 'echo "$XDG_CACHE_HOME $PIP_CACHE_DIR $npm_config_cache"; touch $PIP_CACHE_DIR/w')
+    caches = r.stdout.text.split()
+    assert r.exit_code == 0 and len(set(caches)) == 1
+    assert caches[0] != os.path.join(box["base"], "real-cache")
+    assert os.path.exists(os.path.join(caches[0], "w"))
+    r = run(ex, "echo $PIP_CACHE_DIR", env={"PIP_CACHE_DIR": "/mine"})
+    assert r.stdout.text == "/mine\n"
+    free = SandboxPolicy(mode="danger-full-access", workspace_root=box["ws"])
+    r = run(ex, "echo $XDG_CACHE_HOME", sandbox_policy=free)
+    assert r.stdout.text == os.path.join(box["base"], "real-cache") + "\n"
+
+
+@pytest.mark.parametrize("attack", ["rm -rf {c}", "rm -rf {c} && ln -s {protected} {c}"])
+def test_removing_the_cache_dir_neither_blocks_nor_widens_later_calls(
+    box: dict[str, str], svc: SubprocessService, attack: str
+) -> None:
+    ex = sandbox(box, svc)
+    cache = run(ex, "echo $XDG_CACHE_HOME").stdout.text.strip()
+    # The directory itself sits in the (read-only) spill parent: only its content goes.
+    assert run(ex, attack.format(c=cache, **box)).exit_code != 0
+    assert os.path.isdir(cache) and not os.path.islink(cache)
+    # Removed from outside (a cleaner, the harness): the next call gets a fresh one.
+    shutil.rmtree(cache)
+    os.symlink(box["protected"], cache)
+    r = run(ex, f"echo $XDG_CACHE_HOME; echo x > {box['protected']}/new; touch $XDG_CACHE_HOME/ok")
+    fresh = r.stdout.text.split()[0]
+    assert fresh != cache and os.path.exists(os.path.join(fresh, "ok"))
+    assert unchanged(box)
+
+
+def test_a_writable_root_made_after_the_first_call_is_granted_then(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    later = os.path.join(box["base"], "later")
+    p = SandboxPolicy(mode="workspace-write", workspace_root=box["ws"], writable_roots=(later,))
+    ex = sandbox(box, svc)
+    assert run(ex, "true", sandbox_policy=p).exit_code == 0
+    os.mkdir(later)
+    assert run(ex, f"echo x > {later}/f", sandbox_policy=p).exit_code == 0
+    assert run(ex, f"echo x > {box['protected']}/f", sandbox_policy=p).exit_code != 0
+
+
+def test_git_cargo_style_writes_stay_in_the_workspace(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    r = run(
+        sandbox(box, svc),
+        "git init -q repo && cd repo && echo a > a && git add a && "
+        "git -c user.email=a@b -c user.name=n commit -qm one && git log --oneline | wc -l",
+    )
+    assert (r.exit_code, r.stdout.text) == (0, "1\n"), r.stderr.text
+
+
+# -- denial detection ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stdout", "stderr", "denied"),
+    [
+        (1, "", "touch: cannot touch 'x': Permission denied\n", True),
+        (1, "error: permission denied (os error 13)\n", "", True),  # 2>&1 | tail
+        (1, "", "Error: EACCES: permission denied, open 'x'\n", True),  # node
+        (101, "", "failed to write: Read-only file system\n", True),
+        (1, "", "open x: operation not permitted\n", True),  # go
+        (2, "", "EPERM\n", True),
+        (126, "", "bash: line 1: ./script.sh: Permission denied\n", False),  # not executable
+        (
+            126,
+            "",
+            "touch: cannot touch 'y': Permission denied\nbash: ./s: Permission denied\n",
+            True,
+        ),
+        (0, "", "Permission denied\n", False),  # it succeeded anyway
+        (None, "", "Permission denied\n", False),  # killed by a signal
+        (1, "", "no such file\n", False),
+    ],
+)
+def test_denial_signatures(exit_code: int | None, stdout: str, stderr: str, denied: bool) -> None:
+    assert is_denial(exit_code, stdout, stderr) is denied
+
+
+def test_denial_seen_through_a_pipe(box: dict[str, str], svc: SubprocessService) -> None:
+    r = run(
+        sandbox(box, svc), f"touch {box['protected']}/x 2>&1 | tail -1; exit ${{PIPESTATUS[0]}}"
+    )
+    assert r.stderr.text == "" and r.sandbox is not None and r.sandbox.denied
+    script = os.path.join(box["ws"], "script.sh")
+    with open(script, "w") as f:
+        f.write("echo hi\n")
+    r = run(sandbox(box, svc), "./script.sh")
+    assert r.exit_code == 126 and r.sandbox is not None and not r.sandbox.denied
