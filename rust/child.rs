@@ -8,6 +8,7 @@
 use std::ffi::c_void;
 use std::os::fd::RawFd;
 
+use crate::clone::{child_join_cgroups, child_set_rlimits, ChildContain};
 use crate::confine::{CapData, CapHeader, Confinement, LOCKED_SECUREBITS};
 use crate::errors::SpawnStage;
 use crate::spawn::SCRIPT_FD;
@@ -26,6 +27,8 @@ pub(crate) struct ChildArgs {
     pub(crate) max_fd: RawFd,
     pub(crate) script_fd: RawFd,
     pub(crate) confine: ChildConfinement,
+    /// The call's cgroups to join (when not cloned into one) and its rlimits.
+    pub(crate) contain: ChildContain,
 }
 
 /// The confinement steps of the child, as raw data (`active == false`: unconfined).
@@ -125,6 +128,11 @@ macro_rules! check {
 /// guarantees by suspending the parent. Only raw, async-signal-safe syscalls are made: no
 /// allocation, no locks, no Rust runtime.
 unsafe fn child_setup(args: &ChildArgs) -> (SpawnStage, i32) {
+    // First, before anything can fork: the call's cgroups (v1 controllers, and v2 when
+    // clone3 could not place us there).
+    if !child_join_cgroups(&args.contain) {
+        return (SpawnStage::Contain, *libc::__errno_location());
+    }
     // Reset every disposition: the harness may ignore SIGPIPE (CPython does) or handle
     // signals; an ignored disposition would survive exec. Signals stay blocked meanwhile.
     let dfl: [libc::c_ulong; 4] = [libc::SIG_DFL as libc::c_ulong, 0, 0, 0];
@@ -183,6 +191,12 @@ unsafe fn child_setup(args: &ChildArgs) -> (SpawnStage, i32) {
             libc::syscall(libc::SYS_dup3, args.script_fd, SCRIPT_FD, 0)
         };
         check!(ret, SpawnStage::Stdio);
+    }
+
+    // After stdio (a tiny RLIMIT_NOFILE must not refuse the dup3 onto 0..2), before the
+    // privilege drop (raising a hard limit needs capabilities).
+    if !child_set_rlimits(&args.contain) {
+        return (SpawnStage::Contain, *libc::__errno_location());
     }
 
     if args.confine.active {

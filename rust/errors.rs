@@ -18,6 +18,8 @@ pub enum SpawnStage {
     Exec = 8,
     /// The process ran but could not be put under the supervisor (epoll, thread).
     Supervise = 9,
+    /// The child could not join its cgroups or set its rlimits.
+    Contain = 10,
     Unknown = 99,
 }
 
@@ -33,6 +35,7 @@ impl SpawnStage {
             7 => Self::Sandbox,
             8 => Self::Exec,
             9 => Self::Supervise,
+            10 => Self::Contain,
             _ => Self::Unknown,
         }
     }
@@ -48,6 +51,7 @@ impl SpawnStage {
             Self::Sandbox => "sandbox",
             Self::Exec => "exec",
             Self::Supervise => "supervise",
+            Self::Contain => "contain",
             Self::Unknown => "unknown",
         }
     }

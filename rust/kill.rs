@@ -81,6 +81,44 @@ pub fn group_members(pgid: libc::pid_t) -> Members {
     members
 }
 
+/// What a process is to a kill, from its /proc stat: `None` when it is gone or a zombie
+/// (already dead, waiting for its parent), `Some(true)` when live, `Some(false)` when already
+/// in exit(2) (`PF_EXITING`: going away on its own, but not yet out of its cgroup).
+pub fn liveness(pid: libc::pid_t) -> Option<bool> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    match parse_stat(&stat)? {
+        (state, _, _) if state == 'Z' || state == 'X' => None,
+        (_, _, flags) => Some(flags & PF_EXITING == 0),
+    }
+}
+
+/// Zombie children of this process (of any of its threads), from
+/// `/proc/self/task/*/children`.
+pub fn zombie_children() -> Vec<libc::pid_t> {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(children) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if parse_stat(&stat).is_some_and(|(state, _, _)| state == 'Z') {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// The process group of `pid` (zombies included), from /proc.
+pub fn pgrp_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, pgrp, _)| pgrp)
+}
+
 /// (state, pgrp, flags) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
 fn parse_stat(stat: &str) -> Option<(char, libc::pid_t, u64)> {
     let rest = &stat[stat.rfind(')')? + 1..];

@@ -2,13 +2,18 @@
 //! lifecycle, process, notifier, collector, spill, env, kill, landlock) builds and tests without Python; the bindings
 //! are behind the `python` feature that maturin enables.
 
+mod adopted;
+pub mod cgroup;
 mod child;
+pub mod clone;
 pub mod collector;
 pub mod confine;
+pub mod contain;
 pub mod env;
 pub mod errors;
 pub mod floor;
 pub mod forksafe;
+pub mod keeper;
 pub mod kill;
 pub mod landlock;
 mod lifecycle;

@@ -9,8 +9,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
+use crate::contain::CpuCheck;
 use crate::forksafe::ForkClosed;
-use crate::kill::{group_alive, group_members, signal_group};
 use crate::pipes::{Drain, OutStream};
 use crate::process::{LeaderExit, Proc, ProcState};
 use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
@@ -18,6 +18,16 @@ use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
 /// How often the group of a process in its Reaping phase is polled (no event exists for
 /// the exit of a process that is not our child).
 const REAP_POLL: Duration = Duration::from_millis(5);
+/// The same, as a safety net, when the cgroup's `populated` event wakes us anyway.
+const REAP_POLL_EVENTS: Duration = Duration::from_millis(100);
+
+fn reap_poll(st: &ProcState) -> Duration {
+    if st.contain.events.is_some() {
+        REAP_POLL_EVENTS
+    } else {
+        REAP_POLL
+    }
+}
 /// How long SIGKILLed leftovers may take to vanish before the call completes regardless.
 const SIGKILL_SETTLE: Duration = Duration::from_secs(2);
 
@@ -81,7 +91,11 @@ pub(crate) fn drain_stream(
 ) {
     let label = if is_out { "stdout" } else { "stderr" };
     let shared = &proc.shared;
-    let mut open_spill = || lock(&shared.spill).create_file(label);
+    let mut open_spill = || {
+        let file = lock(&shared.spill).create_file(label);
+        shared.note_spill_dir();
+        file
+    };
     let s = stream(st, is_out);
     let close = s.drain(scratch, mode, &mut open_spill);
     if close || mode == Drain::Final {
@@ -186,28 +200,35 @@ pub(crate) fn settle_exited(proc: &Proc, st: &mut ProcState) {
     }
 }
 
-/// The leader is gone and the drain ended: terminate whatever is left of the group.
+/// The leader is gone and the drain ended: terminate whatever is left of the call.
 fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     close_stdin(proc, st);
-    if group_alive(proc.pid) {
-        let members = group_members(proc.pid);
-        if !members.gone() {
-            // Members already exiting are not leftovers; the call still waits for them.
-            if members.live > 0 {
-                st.leftover_killed = st
-                    .leftover_killed
-                    .saturating_add(u32::try_from(members.live).unwrap_or(u32::MAX));
-                let _ = signal_group(proc.pid, libc::SIGTERM);
-            }
-            st.phase = Phase::Reaping {
-                sigkill_sent: false,
-            };
-            st.deadline = Some(after(now, st.grace));
-            proc.shared.add_timer(now + REAP_POLL, proc.token, false);
-            return;
-        }
+    let (left, alive) = st.contain.count_leftovers(proc.pid);
+    st.leftover_killed = st
+        .leftover_killed
+        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+    if alive {
+        st.contain.signal(proc.pid, libc::SIGTERM);
+        st.phase = Phase::Reaping {
+            sigkill_sent: false,
+        };
+        st.deadline = Some(after(now, st.grace));
+        proc.shared.watch_cgroup_events(proc.token, &mut st.contain);
+        proc.shared
+            .add_timer(now + reap_poll(st), proc.token, false);
+        return;
     }
     finish(proc, st, now);
+}
+
+/// The call's cgroup changed (`populated`): finish a reaping call that emptied.
+pub(crate) fn on_cgroup_event(proc: &Proc, st: &mut ProcState, now: Instant) {
+    if let Some((fd, _)) = &st.contain.events {
+        crate::cgroup::rearm_events(fd);
+    }
+    if matches!(st.phase, Phase::Reaping { .. }) && !st.contain.any_alive(proc.pid) {
+        finish(proc, st, now);
+    }
 }
 
 /// A timer of this process fired.
@@ -217,7 +238,15 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
     }
     if st.kill_at.is_some_and(|at| at <= now) {
         st.kill_at = None;
-        let _ = signal_group(proc.pid, libc::SIGKILL);
+        st.contain.signal(proc.pid, libc::SIGKILL);
+    }
+    match st.contain.check_cpu(now) {
+        CpuCheck::Exceeded => {
+            // Over its CPU limit: the whole call dies at once (a grace would only burn more).
+            st.contain.signal(proc.pid, libc::SIGKILL);
+        }
+        CpuCheck::Again(at) => proc.shared.add_timer(at, proc.token, false),
+        CpuCheck::NotDue => {}
     }
     let due = st.deadline.is_some_and(|at| at <= now);
     match st.phase {
@@ -225,18 +254,20 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
         Phase::Reaping { sigkill_sent } => {
             // Count live members, not the group's existence: a killed orphan stays a
             // zombie until init reaps it, and some inits (containers) take their time.
-            if !group_alive(proc.pid) || group_members(proc.pid).gone() {
+            if !st.contain.any_alive(proc.pid) {
                 finish(proc, st, now);
             } else if due && !sigkill_sent {
-                let _ = signal_group(proc.pid, libc::SIGKILL);
+                st.contain.signal(proc.pid, libc::SIGKILL);
                 st.phase = Phase::Reaping { sigkill_sent: true };
                 st.deadline = Some(now + SIGKILL_SETTLE);
-                proc.shared.add_timer(now + REAP_POLL, proc.token, false);
+                proc.shared
+                    .add_timer(now + reap_poll(st), proc.token, false);
             } else if due {
                 // Unkillable (uninterruptible sleep): complete with what we have.
                 finish(proc, st, now);
             } else {
-                proc.shared.add_timer(now + REAP_POLL, proc.token, false);
+                proc.shared
+                    .add_timer(now + reap_poll(st), proc.token, false);
             }
         }
         _ => {}
@@ -251,6 +282,8 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     st.stdout.collector.flush();
     st.stderr.collector.flush();
     close_pidfd(proc, st);
+    st.contain.stamp();
+    proc.shared.end_containment(proc.pid, &mut st.contain);
     release_leader(proc, st);
     st.phase = Phase::Done;
     st.finished = Some(now);

@@ -5,7 +5,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
-use crate::kill::signal_group;
+use crate::contain::{CallContainment, CallLimits, Resources};
 use crate::lifecycle::{self, after, Phase};
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
@@ -20,6 +20,9 @@ pub struct ProcConfig {
     pub spill_cap: u64,
     pub grace: Duration,
     pub stdin: Vec<u8>,
+    /// The call's limits, and whether it gets a cgroup (where the host has them).
+    pub limits: CallLimits,
+    pub cgroup: bool,
 }
 
 /// How a process ended.
@@ -65,6 +68,7 @@ pub(crate) struct ProcState {
     pub finished: Option<Instant>,
     pub subscribers: Vec<Arc<Notifier>>,
     pub grace: Duration,
+    pub contain: CallContainment,
 }
 
 /// One managed process group, shared by the supervisor and its callers.
@@ -82,6 +86,7 @@ impl Proc {
         shared: Arc<Shared>,
         child: Spawned,
         cfg: ProcConfig,
+        contain: CallContainment,
         started: Instant,
     ) -> Self {
         Self {
@@ -110,6 +115,7 @@ impl Proc {
                 finished: None,
                 subscribers: Vec::new(),
                 grace: cfg.grace,
+                contain,
             }),
             done: Condvar::new(),
         }
@@ -123,7 +129,8 @@ impl Proc {
         lock(&self.state).phase == Phase::Done
     }
 
-    /// Requests termination: SIGTERM to the group now, SIGKILL after the grace period.
+    /// Requests termination: SIGTERM to every process of the call now, SIGKILL to all of
+    /// them after the grace period.
     /// False when the process already finished or a kill is already under way.
     pub fn kill(&self) -> bool {
         if !self.shared.in_owner() {
@@ -134,7 +141,10 @@ impl Proc {
             return false;
         }
         st.kill_requested = true;
-        let _ = signal_group(self.pid, libc::SIGTERM);
+        let escaped = st.contain.terminate(self.pid);
+        st.leftover_killed = st
+            .leftover_killed
+            .saturating_add(u32::try_from(escaped).unwrap_or(u32::MAX));
         let at = after(Instant::now(), st.grace);
         st.kill_at = Some(at);
         drop(st);
@@ -246,6 +256,12 @@ impl Proc {
                 Some(LeaderExit::Status(..) | LeaderExit::Zombie(_))
             ),
         })
+    }
+
+    /// Containment facts, once done.
+    pub fn resources(&self) -> Option<Resources> {
+        let st = lock(&self.state);
+        (st.phase == Phase::Done).then(|| st.contain.resources())
     }
 
     pub fn collected(&self) -> (Collected, Collected) {

@@ -12,6 +12,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::child::{child_main, ChildArgs, ChildConfinement};
+use crate::clone::{clone3_into, ChildContain};
 use crate::confine::Confinement;
 use crate::errors::{SpawnError, SpawnStage};
 use crate::pipes::{above_stdio, cloexec_pipe, set_nonblocking};
@@ -34,6 +35,12 @@ pub struct SpawnPlan {
     /// A sealed memfd holding a command too long for one argument; the child gets it as
     /// fd `SCRIPT_FD` (not close-on-exec) and argv names `/dev/fd/3`.
     pub script: Option<RawFd>,
+    /// Containment (see `clone.rs`): the cgroup v2 directory the child is cloned into,
+    /// the v1 cgroup directories it joins before exec, and the rlimits it sets.
+    pub cgroup: Option<RawFd>,
+    pub join_cgroups: Vec<RawFd>,
+    /// `(resource, soft, hard)`.
+    pub rlimits: Vec<(u32, u64, u64)>,
 }
 
 /// The parent's ends of the child's stdio pipes.
@@ -150,7 +157,9 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
         script_fd: plan.script.unwrap_or(-1),
         confine: ChildConfinement::from_plan(plan.confinement.as_deref()),
+        contain: ChildContain::new(&plan.join_cgroups, &plan.rlimits),
     };
+    let mut args = args;
 
     CHILD_STACK
         .with(|cell| {
@@ -161,7 +170,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
                 );
             }
             match slot.as_ref() {
-                Some(stack) => clone_child(&args, stack.top()),
+                Some(stack) => clone_child(plan.cgroup, &mut args, stack.top()),
                 None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
             }
         })
@@ -178,7 +187,13 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
 }
 
 /// Clones the child on `top` and returns (pid, pidfd); the parent resumes after exec/exit.
-fn clone_child(args: &ChildArgs, top: *mut c_void) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
+/// With a cgroup, the child is cloned straight into it (`clone3(CLONE_INTO_CGROUP)`); a
+/// kernel without clone3 gets a plain clone and the child joins the cgroup itself first.
+fn clone_child(
+    cgroup: Option<RawFd>,
+    args: &mut ChildArgs,
+    top: *mut c_void,
+) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
     let mut pidfd: libc::c_int = -1;
 
     // Block every signal while the child shares our memory: a handler of the harness must
@@ -192,20 +207,7 @@ fn clone_child(args: &ChildArgs, top: *mut c_void) -> Result<(libc::pid_t, Owned
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
-    // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
-    // and `stack`) outlives the call: CLONE_VFORK suspends us until the child has exec'd or
-    // exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top,
-            flags,
-            args as *const ChildArgs as *mut c_void,
-            &mut pidfd as *mut libc::c_int,
-        )
-    };
-    let clone_error = io::Error::last_os_error();
+    let (pid, clone_error) = clone_raw(cgroup, args, top, &mut pidfd);
     // SAFETY: restores the mask saved above on this thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
@@ -215,6 +217,42 @@ fn clone_child(args: &ChildArgs, top: *mut c_void) -> Result<(libc::pid_t, Owned
     }
     // SAFETY: clone succeeded with CLONE_PIDFD, so `pidfd` is a fresh fd we own.
     Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+/// The clone itself, with every signal blocked by the caller.
+fn clone_raw(
+    cgroup: Option<RawFd>,
+    args: &mut ChildArgs,
+    top: *mut c_void,
+    pidfd: &mut libc::c_int,
+) -> (libc::pid_t, io::Error) {
+    if let Some(fd) = cgroup {
+        let arg = args as *mut ChildArgs as *mut c_void;
+        // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
+        let ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd) };
+        if ret >= 0 {
+            return (ret as libc::pid_t, io::Error::from_raw_os_error(0));
+        }
+        let errno = (-ret) as i32;
+        if errno != libc::ENOSYS && errno != libc::E2BIG {
+            return (-1, io::Error::from_raw_os_error(errno));
+        }
+        args.contain = args.contain.with_join_v2(fd);
+    }
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+    // SAFETY: `child_main` only performs raw syscalls on `args`, which (with argv/envp/plan
+    // and the stack) outlives the call: CLONE_VFORK suspends us until the child has exec'd
+    // or exited. CLONE_PIDFD stores the pidfd through the parent-tid pointer.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top,
+            flags,
+            args as *mut ChildArgs as *mut c_void,
+            pidfd as *mut libc::c_int,
+        )
+    };
+    (pid, io::Error::last_os_error())
 }
 
 /// After the child exec'd or failed: closes the child's ends and reads its report.

@@ -8,17 +8,21 @@
 //! `Notifier` whose eventfd an asyncio loop can watch.
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::adopted::{Adopted, Owner, RESCAN};
+use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
+use crate::contain::CallContainment;
 use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::forksafe::ForkClosed;
-use crate::kill::signal_group;
+use crate::keeper::Keeper;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::{Drain, READ_CHUNK};
 use crate::process::{Proc, ProcConfig};
@@ -42,6 +46,8 @@ pub(crate) enum Source {
     Stdin(u64),
     /// The leader's pidfd: it exited.
     Exit(u64),
+    /// The call's `cgroup.events` changed (EPOLLPRI): it may have emptied.
+    Cgroup(u64),
 }
 
 /// The registration key of the wake eventfd; process registrations count up from 1.
@@ -65,6 +71,22 @@ pub(crate) struct Shared {
     /// The process that created the service. A forked child inherits this memory but not
     /// the supervisor thread, and its "processes" are its parent's: it must not touch them.
     owner_pid: libc::pid_t,
+    /// The service's cgroups, created on the first contained call (None: unavailable).
+    cgroups: OnceLock<Option<ServiceCgroups>>,
+    /// Emptied call cgroups waiting to go back to the pool (off the caller's path).
+    releases: Mutex<Vec<CallCgroup>>,
+    keeper: Mutex<KeeperSlot>,
+    /// Settled calls whose orphans a subreaper harness may still have to reap.
+    adopted: Mutex<Adopted>,
+}
+
+/// The keeper's command line and, once started, the keeper (see `keeper.rs`).
+#[derive(Default)]
+struct KeeperSlot {
+    command: Option<(CString, Vec<CString>)>,
+    keep_spill: bool,
+    running: Option<Keeper>,
+    spill_told: bool,
 }
 
 /// A subprocess service: the supervisor thread plus every process it owns.
@@ -117,6 +139,136 @@ impl Shared {
     fn route(&self, key: u64) -> Option<Source> {
         lock(&self.routes).get(&key).copied()
     }
+
+    /// The service's cgroups, created on first use; None where the host has none.
+    fn cgroups(&self) -> Option<&ServiceCgroups> {
+        self.cgroups
+            .get_or_init(|| {
+                let set = ServiceCgroups::new(hierarchy()).ok()?;
+                self.tell_keeper(|k| {
+                    k.send(&format!("cgroup {}", set.parent().display()));
+                    for dir in set.parents().iter().skip(1) {
+                        k.send(&format!("dir {}", dir.display()));
+                    }
+                });
+                Some(set)
+            })
+            .as_ref()
+    }
+
+    /// Runs `f` with the keeper, starting it on first use (no keeper configured: no-op).
+    fn tell_keeper(&self, f: impl FnOnce(&Keeper)) {
+        let mut slot = lock(&self.keeper);
+        if slot.running.is_none() {
+            let Some((program, argv)) = slot.command.clone() else {
+                return;
+            };
+            match Keeper::start(&program, argv) {
+                Ok(k) => slot.running = Some(k),
+                Err(_) => {
+                    slot.command = None; // no keeper on this host; do not retry per call
+                    return;
+                }
+            }
+        }
+        if let Some(k) = &slot.running {
+            f(k);
+        }
+    }
+
+    /// Tells the keeper about the spill directory once it exists (unless it is kept).
+    pub fn note_spill_dir(&self) {
+        let told = {
+            let slot = lock(&self.keeper);
+            slot.spill_told || slot.keep_spill
+        };
+        if told {
+            return;
+        }
+        let Some(dir) = lock(&self.spill).path().map(|p| p.to_path_buf()) else {
+            return;
+        };
+        self.tell_keeper(|k| k.send(&format!("spill {}", dir.display())));
+        lock(&self.keeper).spill_told = true;
+    }
+
+    /// Watches the call's `cgroup.events` so that its emptying wakes the loop.
+    pub fn watch_cgroup_events(&self, token: u64, contain: &mut CallContainment) {
+        let Some(cg) = &contain.cgroup else { return };
+        if contain.events.is_some() {
+            return;
+        }
+        if let Ok(fd) = cg.events_fd() {
+            crate::cgroup::rearm_events(&fd);
+            let key = self
+                .watch(&fd, EpollFlags::EPOLLPRI, Source::Cgroup(token))
+                .ok();
+            contain.events = Some((fd, key));
+        }
+    }
+
+    /// The call settled: stop watching it, queue its cgroup for the pool, reap zombies of
+    /// its killed descendants that a subreaper harness inherited, and let the keeper
+    /// forget a session group.
+    pub fn end_containment(&self, pgid: libc::pid_t, contain: &mut CallContainment) {
+        if let Some((fd, key)) = contain.events.take() {
+            self.unwatch(&fd, key);
+        }
+        let owner = match contain.cgroup.take() {
+            Some(cg) => {
+                let tail = cg_tail(cg.path());
+                let set = self.cgroups.get().and_then(Option::as_ref);
+                match set {
+                    // The common case, at once: no fd of the call outlives its completion.
+                    Some(set) if ServiceCgroups::reusable(&cg, contain.emptied) => set.pool(cg),
+                    _ => {
+                        // rmdir or a populated check: off the caller's path.
+                        lock(&self.releases).push(cg);
+                        eventfd_raise(&self.wake);
+                    }
+                }
+                Owner::Cgroup(tail)
+            }
+            None => {
+                self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
+                Owner::Group(pgid)
+            }
+        };
+        let now = Instant::now();
+        if lock(&self.adopted).settled(owner, now) {
+            self.add_timer(now + RESCAN, 0, true);
+        }
+    }
+
+    /// Looks again for adopted zombies of settled calls (subreaper harnesses only).
+    fn reap_adopted(&self) {
+        let now = Instant::now();
+        if lock(&self.adopted).reap(now) {
+            self.add_timer(now + RESCAN, 0, false);
+        }
+    }
+
+    /// Removes cgroups that cannot be reused (supervisor thread, no process lock held).
+    fn recycle(&self) {
+        let done: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.releases));
+        if let Some(set) = self.cgroups.get().and_then(Option::as_ref) {
+            for cg in done {
+                set.release(cg);
+            }
+        }
+    }
+}
+
+/// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.
+fn cg_tail(path: &std::path::Path) -> String {
+    let mut parts = path.iter().rev().take(2).collect::<Vec<_>>();
+    parts.reverse();
+    let mut tail = String::new();
+    for part in parts {
+        tail.push('/');
+        tail.push_str(&part.to_string_lossy());
+    }
+    tail
 }
 
 impl Service {
@@ -138,6 +290,10 @@ impl Service {
                 stop: AtomicBool::new(false),
                 next_token: AtomicU64::new(1),
                 owner_pid: getpid(),
+                cgroups: OnceLock::new(),
+                releases: Mutex::new(Vec::new()),
+                keeper: Mutex::new(KeeperSlot::default()),
+                adopted: Mutex::new(Adopted::default()),
             }),
             thread: Mutex::new(None),
         })
@@ -176,7 +332,25 @@ impl Service {
         Ok(())
     }
 
-    pub fn spawn(&self, plan: &SpawnPlan, cfg: ProcConfig) -> Result<Arc<Proc>, CoreError> {
+    /// Configures the keeper (started on the first call) and whether the spill directory
+    /// is kept when the harness dies.
+    pub fn set_keeper(&self, program: CString, argv: Vec<CString>, keep_spill: bool) {
+        let mut slot = lock(&self.shared.keeper);
+        slot.command = Some((program, argv));
+        slot.keep_spill = keep_spill;
+    }
+
+    /// The keeper's pid, once started.
+    pub fn keeper_pid(&self) -> Option<libc::pid_t> {
+        lock(&self.shared.keeper).running.as_ref().map(Keeper::pid)
+    }
+
+    /// Whether this service contains calls in cgroups (creating its cgroups if needed).
+    pub fn has_cgroups(&self) -> bool {
+        self.shared.cgroups().is_some()
+    }
+
+    pub fn spawn(&self, plan: &mut SpawnPlan, cfg: ProcConfig) -> Result<Arc<Proc>, CoreError> {
         if !self.shared.in_owner() {
             return Err(CoreError::ForkedChild);
         }
@@ -186,23 +360,54 @@ impl Service {
         self.ensure_thread()
             .map_err(|e| SpawnError::from_io(SpawnStage::Supervise, &e))?;
         let started = Instant::now();
-        let child = spawn(plan)?;
+        let cgroups = if cfg.cgroup {
+            self.shared.cgroups()
+        } else {
+            None
+        };
+        if cgroups.is_none() {
+            self.shared.tell_keeper(|_| {}); // started before the call, so it can be told
+        }
+        let (contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
+        plan.cgroup = contain.cgroup.as_ref().map(CallCgroup::dir_fd);
+        plan.join_cgroups = contain
+            .cgroup
+            .as_ref()
+            .map(CallCgroup::join_fds)
+            .unwrap_or_default();
+        plan.rlimits = rlimits;
+        let child = match spawn(plan) {
+            Ok(child) => child,
+            Err(err) => {
+                let mut contain = contain;
+                self.shared.end_containment(0, &mut contain);
+                return Err(err.into());
+            }
+        };
+        if contain.cgroup.is_none() {
+            let pgid = child.pid;
+            self.shared
+                .tell_keeper(|k| k.send(&format!("group {pgid}")));
+        }
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
-        let pid = child.pid;
+        let first_cpu_check = contain.next_cpu_check;
         let proc = Arc::new(Proc::new(
             token,
             Arc::clone(&self.shared),
             child,
             cfg,
+            contain,
             started,
         ));
+        if let Some(at) = first_cpu_check {
+            self.shared.add_timer(at, token, true);
+        }
         {
             let mut live = lock(&self.shared.live);
             if self.is_disposed() {
                 drop(live);
                 // Lost a race with dispose: the caller gets DISPOSED and nothing survives.
-                let _ = signal_group(pid, libc::SIGKILL);
-                reap_blocking(pid);
+                self.abandon(&proc);
                 return Err(CoreError::Disposed);
             }
             live.insert(token, Arc::clone(&proc));
@@ -211,8 +416,7 @@ impl Service {
         if let Err(err) = registered {
             // Unsupervised, the process could never settle: take it down now, reap it here.
             lock(&self.shared.live).remove(&token);
-            let _ = signal_group(pid, libc::SIGKILL);
-            reap_blocking(pid);
+            self.abandon(&proc);
             let mut st = lock(&proc.state);
             let st = &mut *st;
             let pipe = |fd: Option<ForkClosed>| fd.map(ForkClosed::into_inner);
@@ -230,6 +434,19 @@ impl Service {
             return Err(SpawnError::from_io(SpawnStage::Supervise, &err).into());
         }
         Ok(proc)
+    }
+
+    /// Kills and reaps a process that will never be supervised, with everything in its
+    /// cgroup, and lets go of its containment.
+    fn abandon(&self, proc: &Proc) {
+        let mut st = lock(&proc.state);
+        st.contain.signal(proc.pid, libc::SIGKILL);
+        reap_blocking(proc.pid);
+        let start = Instant::now();
+        while st.contain.any_alive(proc.pid) && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.shared.end_containment(proc.pid, &mut st.contain);
     }
 
     /// Registers a new process's pipes and pidfd with epoll.
@@ -287,8 +504,15 @@ impl Service {
         if let Some(handle) = lock(&self.thread).take() {
             let _ = handle.join();
         }
+        self.shared.recycle();
+        if let Some(set) = self.shared.cgroups.get().and_then(Option::as_ref) {
+            set.remove_all();
+        }
         if !keep_spill {
             let _ = lock(&self.shared.spill).remove();
+        }
+        if let Some(keeper) = lock(&self.shared.keeper).running.take() {
+            keeper.stop();
         }
     }
 }
@@ -324,7 +548,11 @@ fn supervise(shared: &Arc<Shared>) {
                     eventfd_clear(&shared.wake);
                     continue;
                 }
-                Source::Stdout(t) | Source::Stderr(t) | Source::Stdin(t) | Source::Exit(t) => t,
+                Source::Stdout(t)
+                | Source::Stderr(t)
+                | Source::Stdin(t)
+                | Source::Exit(t)
+                | Source::Cgroup(t) => t,
             };
             let Some(proc) = shared.get(token) else {
                 continue;
@@ -339,6 +567,7 @@ fn supervise(shared: &Arc<Shared>) {
                 }
                 Source::Stdin(_) => lifecycle::feed_stdin(&proc, &mut st),
                 Source::Exit(_) => lifecycle::reap_leader(&proc, &mut st),
+                Source::Cgroup(_) => lifecycle::on_cgroup_event(&proc, &mut st, Instant::now()),
                 Source::Wake => {}
             }
             lifecycle::advance(&proc, &mut st, Instant::now());
@@ -350,6 +579,8 @@ fn supervise(shared: &Arc<Shared>) {
                 lifecycle::on_timer(&proc, &mut st, now);
             }
         }
+        shared.recycle();
+        shared.reap_adopted();
     }
 }
 
@@ -369,6 +600,9 @@ mod tests {
             cwd: c("/"),
             confinement: None,
             script: None,
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
         }
     }
 
@@ -379,6 +613,8 @@ mod tests {
             spill_cap: 1 << 20,
             grace: Duration::from_millis(300),
             stdin: Vec::new(),
+            limits: crate::contain::CallLimits::default(),
+            cgroup: true,
         }
     }
 
@@ -386,7 +622,7 @@ mod tests {
     fn runs_and_collects() {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let p = svc
-            .spawn(&plan("echo out; echo err >&2; exit 3"), cfg(1000))
+            .spawn(&mut plan("echo out; echo err >&2; exit 3"), cfg(1000))
             .unwrap();
         assert!(p.wait(Some(Duration::from_secs(10))));
         let o = p.outcome().unwrap();
@@ -404,7 +640,7 @@ mod tests {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         for i in 0..200 {
             let cmd = format!("head -c {} /dev/zero; exit {}", 1000 * i, i % 7);
-            let p = svc.spawn(&plan(&cmd), cfg(1 << 20)).unwrap();
+            let p = svc.spawn(&mut plan(&cmd), cfg(1 << 20)).unwrap();
             assert!(p.wait(Some(Duration::from_secs(10))));
             let o = p.outcome().unwrap();
             assert_eq!(o.exit_code, Some(i % 7));
@@ -422,7 +658,7 @@ mod tests {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let mut c = cfg(1000);
         c.spill_cap = 10_000;
-        let p = svc.spawn(&plan("seq 1 300000"), c).unwrap();
+        let p = svc.spawn(&mut plan("seq 1 300000"), c).unwrap();
         assert!(p.wait(Some(Duration::from_secs(20))));
         let out = p.collected().0;
         let stream: String = (1..=300000).map(|i| format!("{i}\n")).collect();
@@ -436,7 +672,7 @@ mod tests {
     #[test]
     fn a_timed_out_wait_leaves_the_run_to_the_supervisor() {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let p = svc.spawn(&plan("sleep 0.3; echo late"), cfg(1000)).unwrap();
+        let p = svc.spawn(&mut plan("sleep 0.3; echo late"), cfg(1000)).unwrap();
         assert!(!p.wait(Some(Duration::from_millis(10))));
         // Nobody waits in `wait` now: the supervisor alone must settle it.
         let notifier = Arc::new(crate::notifier::Notifier::new().unwrap());
@@ -452,7 +688,7 @@ mod tests {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let mut c = cfg(1000);
         c.stdin = b"hello".to_vec();
-        let p = svc.spawn(&plan("cat"), c).unwrap();
+        let p = svc.spawn(&mut plan("cat"), c).unwrap();
         assert!(p.wait(Some(Duration::from_secs(10))));
         assert_eq!(p.collected().0.text, "hello");
         svc.dispose(false);
@@ -461,7 +697,9 @@ mod tests {
     #[test]
     fn leftover_holding_pipes_is_killed_after_grace() {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let p = svc.spawn(&plan("sleep 100 & echo hi"), cfg(1000)).unwrap();
+        let p = svc
+            .spawn(&mut plan("sleep 100 & echo hi"), cfg(1000))
+            .unwrap();
         assert!(p.wait(Some(Duration::from_secs(10))));
         let o = p.outcome().unwrap();
         assert_eq!(o.exit_code, Some(0));
@@ -474,7 +712,7 @@ mod tests {
     fn kill_escalates_to_sigkill() {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let p = svc
-            .spawn(&plan("trap '' TERM; sleep 100"), cfg(1000))
+            .spawn(&mut plan("trap '' TERM; sleep 100"), cfg(1000))
             .unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert!(p.kill());
@@ -489,7 +727,7 @@ mod tests {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
         let mut p = plan("true");
         p.cwd = CString::new("/nonexistent/dir").unwrap();
-        match svc.spawn(&p, cfg(10)) {
+        match svc.spawn(&mut p, cfg(10)) {
             Err(CoreError::Spawn(e)) => {
                 assert_eq!(e.stage, crate::errors::SpawnStage::Chdir);
                 assert_eq!(e.errno, libc::ENOENT);

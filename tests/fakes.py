@@ -19,6 +19,7 @@ from shellseam.executor import ShellExecutor
 from shellseam.types import (
     CollectedOutput,
     ProcessStatus,
+    ResourceLimits,
     SandboxMode,
     ShellExecRequest,
     ShellExecSpec,
@@ -206,6 +207,7 @@ class FakeExecutor(ShellExecutor):
             env=request.env,
             managed_env=request.managed_env,
             sandbox_policy=request.sandbox_policy,
+            limits=request.limits or ResourceLimits(),
         )
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:

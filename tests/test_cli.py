@@ -53,6 +53,7 @@ def test_json_output_has_dataclass_fields(tmp_path: object) -> None:
         "duration_ms",
         "leftover_killed",
         "sandbox",
+        "resources",
         "exit_status_unknown",
     }
     assert set(data["stdout"]) == {

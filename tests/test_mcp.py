@@ -77,7 +77,7 @@ def alive(pid: int) -> bool:
     """Alive unless gone or a zombie (dead, only waiting to be reaped)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between open and read: ESRCH
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 

@@ -8,6 +8,7 @@ rendering. See README.md for the two-minute tour.
 from .abort import AbortController, AbortSignal
 from .errors import ShellError
 from .executor import ShellExecutor
+from .limits import containment_facts
 from .local import LocalShellExecutor
 from .process import ShellProcess
 from .render import parse_exit_status, render_markers, render_result
@@ -29,12 +30,14 @@ from .tool import (
 from .types import (
     CollectedOutput,
     ProcessStatus,
+    ResourceLimits,
     SandboxEnforcement,
     SandboxMode,
     SandboxPolicy,
     ShellExecRequest,
     ShellExecSpec,
     ShellProcessRead,
+    ShellResources,
     ShellRunResult,
     ShellSandboxInfo,
 )
@@ -53,6 +56,7 @@ __all__ = [
     "ManagedEnvRegistry",
     "ProcessStatus",
     "PromptSection",
+    "ResourceLimits",
     "SandboxEnforcement",
     "SandboxMode",
     "SandboxModeStore",
@@ -64,6 +68,7 @@ __all__ = [
     "ShellExecutor",
     "ShellProcess",
     "ShellProcessRead",
+    "ShellResources",
     "ShellRunResult",
     "ShellSandboxInfo",
     "SubprocessService",
@@ -74,6 +79,7 @@ __all__ = [
     "ToolContext",
     "ToolResult",
     "__version__",
+    "containment_facts",
     "default_service",
     "landlock_abi",
     "parse_exit_status",

@@ -6,6 +6,7 @@ from typing import final
 __all__ = [
     "Collected",
     "Collector",
+    "ContainmentFacts",
     "DisposedError",
     "Env",
     "EnvBuilder",
@@ -15,14 +16,17 @@ __all__ = [
     "Outcome",
     "Proc",
     "ReadDelta",
+    "Resources",
     "Ruleset",
     "Rusage",
     "SandboxError",
     "SpawnError",
     "Supervisor",
+    "_keeper_main",
     "bench_minimal_reader",
     "build_ruleset",
     "capability_facts",
+    "containment_facts",
     "fork_child",
     "fork_parent",
     "fork_prepare",
@@ -188,6 +192,8 @@ class Proc:
         """Both streams as collected so far: (stdout, stderr)."""
     def read(self) -> tuple[ReadDelta, ReadDelta]:
         """Consuming read of both streams: (stdout, stderr)."""
+    def resources(self) -> Resources | None:
+        """Containment facts, or None while running."""
 
 @final
 class Collector:
@@ -205,10 +211,59 @@ class Ruleset:
     def missing(self) -> list[str]: ...
 
 @final
+class Resources:
+    """Containment facts of one finished call."""
+
+    @property
+    def cgroup(self) -> bool: ...
+    @property
+    def tree_memory(self) -> bool: ...
+    @property
+    def tree_processes(self) -> bool: ...
+    @property
+    def tree_cpu(self) -> bool: ...
+    @property
+    def limit_exceeded(self) -> str | None: ...
+    @property
+    def peak_memory_bytes(self) -> int | None: ...
+    @property
+    def cpu_ms(self) -> float | None: ...
+
+@final
+class ContainmentFacts:
+    """What this host offers for containment."""
+
+    @property
+    def cgroup(self) -> bool: ...
+    @property
+    def memory(self) -> bool: ...
+    @property
+    def pids(self) -> bool: ...
+    @property
+    def cgroup_root(self) -> str | None: ...
+    @property
+    def memory_controller(self) -> str | None: ...
+    @property
+    def pids_controller(self) -> str | None: ...
+    @property
+    def reason(self) -> str | None: ...
+
+_Limits = tuple[int | None, int | None, int | None, int | None, int | None]
+
+@final
 class Supervisor:
-    def __new__(cls, spill_parent: str | PathLike[str], spill_total: int = ...) -> Supervisor: ...
+    def __new__(
+        cls,
+        spill_parent: str | PathLike[str],
+        spill_total: int = ...,
+        keeper: tuple[bytes, list[bytes]] | None = None,
+        keep_spill: bool = False,
+    ) -> Supervisor: ...
     def ensure_spill_dir(self) -> str | None:
         """The spill directory, created now if nothing spilled yet (None: cannot be)."""
+    @property
+    def keeper_pid(self) -> int | None: ...
+    def has_cgroups(self) -> bool: ...
     @property
     def spill_dir(self) -> str | None: ...
     @property
@@ -231,6 +286,8 @@ class Supervisor:
         grace_ms: int,
         ruleset: Ruleset | None = None,
         script_fd: int | None = None,
+        limits: _Limits = ...,
+        cgroup: bool = True,
     ) -> Proc: ...
     def begin_dispose(self) -> list[Proc]: ...
     def dispose(self, keep_spill: bool = False) -> None: ...
@@ -260,6 +317,8 @@ def harness_dumpable() -> bool:
 def landlock_abi() -> int: ...
 def landlock_missing(network: bool) -> list[str]: ...
 def landlock_fs_rights() -> list[str]: ...
+def containment_facts() -> ContainmentFacts: ...
+def _keeper_main(fd: int) -> int: ...
 def bench_minimal_reader(
     argv: list[str], buf_bytes: int = 1048576, tail_bytes: int = 65536
 ) -> float:

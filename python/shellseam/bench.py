@@ -118,7 +118,15 @@ TINY = Config(
     sandbox_reps=5,
 )
 
-BENCHES = ("sequential", "inflight", "big-output", "big-parent", "concurrent", "sandbox")
+BENCHES = (
+    "sequential",
+    "inflight",
+    "big-output",
+    "big-parent",
+    "concurrent",
+    "sandbox",
+    "containment",
+)
 
 
 @dataclass(frozen=True)
@@ -651,6 +659,34 @@ def bench_sandbox(h: _Harness, cfg: Config) -> list[Row]:
     return rows
 
 
+# -- 7. containment on vs off ---------------------------------------------------------------
+
+
+def bench_containment(h: _Harness, cfg: Config) -> list[Row]:
+    name = "7 contained `bash -c true`"
+    session = LocalShellExecutor(service=h.service, containment="session")
+    local_spec, session_spec = h.spec("true"), h.spec("true", session)
+    samples = _interleaved(
+        {
+            "cgroup": _timed(lambda: _checked(h.local.run_sync(local_spec))),
+            "session": _timed(lambda: _checked(session.run_sync(session_spec))),
+        },
+        cfg.sandbox_reps,
+    )
+    ours, off = _median(samples["cgroup"]) * 1e3, _median(samples["session"]) * 1e3
+    return [
+        _ratio_row(
+            name,
+            "cgroup per call + default limits vs containment=session",
+            ours,
+            off,
+            "ms",
+            1.05,
+            note=f"{(ours - off) * 1e3:+.0f} us",
+        )
+    ]
+
+
 # -- child processes ------------------------------------------------------------------------
 
 
@@ -811,6 +847,7 @@ _BENCH_FUNCS: dict[str, Callable[[_Harness, Config], list[Row]]] = {
     "big-parent": bench_big_parent,
     "concurrent": bench_concurrent,
     "sandbox": bench_sandbox,
+    "containment": bench_containment,
 }
 
 

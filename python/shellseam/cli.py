@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from . import service as _service
 from .errors import INVALID_REQUEST, ShellError
+from .limits import containment_report
 from .local import LocalShellExecutor
 from .render import render_result
 from .sandbox import SandboxShellExecutor, enforcement_for, landlock_abi, sandbox_facts
@@ -135,6 +136,7 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
     print(f"spill parent: {default_spill_parent()} (one private 0700 directory per service)")
     for line in sandbox_facts():
         print(line)
+    print("\n".join(containment_report()))
     ex = LocalShellExecutor()
     print(
         "defaults: "

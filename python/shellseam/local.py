@@ -15,6 +15,7 @@ import posix
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 from .checks import (
     MAX_BYTES,
@@ -33,6 +34,7 @@ from .checks import (
 from .deadline import Cause, Deadline
 from .errors import DISPOSED, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
+from .limits import build_resources, check_limits, request_limits, tighten
 from .process import ShellProcess, signal_name
 from .service import (
     ChildEnv,
@@ -46,13 +48,20 @@ from .service import (
 )
 from .types import (
     CollectedOutput,
+    ResourceLimits,
     SandboxMode,
     SandboxPolicy,
     ShellExecRequest,
     ShellExecSpec,
+    ShellResources,
     ShellRunResult,
     ShellSandboxInfo,
 )
+
+ContainmentMode = Literal["auto", "session"]
+
+#: The default ceilings: a fork bomb stops at 4096 processes instead of taking the host.
+DEFAULT_LIMITS = ResourceLimits(max_processes=4096)
 
 #: Settings that keep pagers and colour codes out of a model-read result (Codex's set).
 TERMINAL_ENV: tuple[tuple[str, str], ...] = (
@@ -214,6 +223,24 @@ _EMPTY = CollectedOutput(
 )
 
 
+def _resources(
+    spec: ShellExecSpec, proc: ManagedProcess, finished: Finished | None = None
+) -> ShellResources | None:
+    """The resources of a settled process (None while it runs)."""
+    finished = finished or proc.result()
+    if finished is None:
+        return None
+    outcome = finished.outcome
+    return build_resources(
+        spec.limits,
+        proc.resources(),
+        exit_code=outcome.exit_code,
+        signum=outcome.signal,
+        stderr_tail=finished.stderr.text,
+        rusage_cpu_ms=outcome.rusage.user_cpu_ms + outcome.rusage.system_cpu_ms,
+    )
+
+
 class LocalShellExecutor(ShellExecutor):
     """Runs each command as a fresh non-login ``bash -c`` with the harness's privileges.
 
@@ -236,6 +263,8 @@ class LocalShellExecutor(ShellExecutor):
         scrub_patterns: Sequence[str] = DEFAULT_SCRUB_PATTERNS,
         allow_env: Sequence[str] = DEFAULT_ALLOW_ENV,
         managed_prefix: str = "DSH_",
+        limits: ResourceLimits = DEFAULT_LIMITS,
+        containment: ContainmentMode = "auto",
         service: SubprocessService | None = None,
         shell: str = "bash",
     ) -> None:
@@ -249,6 +278,10 @@ class LocalShellExecutor(ShellExecutor):
         config_int(grace_ms, "grace_ms", minimum=0, maximum=MAX_TIMEOUT_MS)
         if cwd is not None and not isinstance(cwd, str):
             raise TypeError(f"cwd must be a str or None, got {type(cwd).__name__}")
+        self.limits = check_limits(limits, where="limits")
+        if containment not in ("auto", "session"):
+            raise ValueError(f'containment must be "auto" or "session", got {containment!r}')
+        self.containment: ContainmentMode = containment
         self.cwd = os.path.abspath(cwd if cwd is not None else os.getcwd())
         self.timeout_ms = timeout_ms
         self.max_timeout_ms = max_timeout_ms
@@ -308,6 +341,7 @@ class LocalShellExecutor(ShellExecutor):
         check_env(request.env, "env")
         check_env(request.managed_env, "managed_env")
         check_policy(request.sandbox_policy)
+        asked = None if request.limits is None else request_limits(request.limits)
         return ShellExecSpec(
             command=command,
             workdir=workdir,
@@ -318,6 +352,7 @@ class LocalShellExecutor(ShellExecutor):
             env=request.env,
             managed_env=request.managed_env,
             sandbox_policy=self._stamp_policy(request.sandbox_policy),
+            limits=tighten(self.limits, asked),
         )
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy | None:
@@ -395,6 +430,8 @@ class LocalShellExecutor(ShellExecutor):
                 grace_ms=self.grace_ms,
                 ruleset=conf.ruleset,
                 script_fd=script_fd,
+                limits=request_limits(spec.limits),
+                cgroup=self.containment == "auto",
             )
         except BaseException:
             conf.settle()
@@ -405,7 +442,7 @@ class LocalShellExecutor(ShellExecutor):
         return proc, conf
 
     def _result(
-        self, spec: ShellExecSpec, finished: Finished, cause: Cause | None
+        self, spec: ShellExecSpec, proc: ManagedProcess, finished: Finished, cause: Cause | None
     ) -> ShellRunResult:
         outcome = finished.outcome
         stdout = _collected(finished.stdout)
@@ -422,6 +459,7 @@ class LocalShellExecutor(ShellExecutor):
             duration_ms=outcome.duration_ms,
             leftover_killed=outcome.leftover_killed,
             sandbox=self._sandbox_info(spec, outcome.exit_code, stdout.text, stderr.text),
+            resources=_resources(spec, proc, finished),
             exit_status_unknown=outcome.exit_status_unknown,
         )
 
@@ -469,7 +507,8 @@ class LocalShellExecutor(ShellExecutor):
                 remove()
             conf.settle()
         assert finished is not None, "an unbounded wait returns the result"
-        return self._result(spec, finished, None if deadline is None else deadline.cause)
+        cause = None if deadline is None else deadline.cause
+        return self._result(spec, proc, finished, cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
@@ -494,7 +533,7 @@ class LocalShellExecutor(ShellExecutor):
                 conf.settle()
         finished = proc.result()
         assert finished is not None, "a settled process has a result"
-        return self._result(spec, finished, deadline.cause)
+        return self._result(spec, proc, finished, deadline.cause)
 
     # -- background --------------------------------------------------------------------
 
@@ -522,4 +561,6 @@ class LocalShellExecutor(ShellExecutor):
 
         if conf.cleanup is not None:
             proc.add_done_callback(conf.settle)
-        return ShellProcess(proc=proc, sandbox_stamp=stamp)
+        return ShellProcess(
+            proc=proc, sandbox_stamp=stamp, resources_stamp=lambda p: _resources(spec, p)
+        )

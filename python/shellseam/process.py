@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 
 from .checks import wait_timeout
 from .render import render_delta, render_spawn_failure
-from .types import ProcessStatus, ShellProcessRead, ShellSandboxInfo
+from .types import ProcessStatus, ShellProcessRead, ShellResources, ShellSandboxInfo
 
 if TYPE_CHECKING:
     from .service import ManagedProcess
 
 #: Derives the sandbox facts of a settled process from its exit code and output tails.
 SandboxStamp = Callable[[int | None, str, str], ShellSandboxInfo]
+#: Derives the resources of a settled process (None while it runs).
+ResourcesStamp = Callable[["ManagedProcess"], ShellResources | None]
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -45,6 +47,7 @@ class ShellProcess:
         spawn_failure: str | None = None,
         sandbox_stamp: SandboxStamp | None = None,
         failed_sandbox: ShellSandboxInfo | None = None,
+        resources_stamp: ResourcesStamp | None = None,
     ) -> None:
         self._proc = proc
         self._failure = spawn_failure
@@ -53,6 +56,8 @@ class ShellProcess:
         self._failed_sandbox = failed_sandbox
         self._lock = threading.Lock()
         self._sandbox: ShellSandboxInfo | None = None
+        self._resources_stamp = resources_stamp
+        self._resources: ShellResources | None = None
 
     # -- state -------------------------------------------------------------------------
 
@@ -90,6 +95,16 @@ class ShellProcess:
                 collected = self._proc.collected()
                 self._sandbox = self._stamp(outcome.exit_code, collected[0].text, collected[1].text)
             return self._sandbox
+
+    @property
+    def resources(self) -> ShellResources | None:
+        """Containment and limit facts; None while running and for a spawn failure."""
+        if self._proc is None or self._resources_stamp is None:
+            return None
+        with self._lock:
+            if self._resources is None:
+                self._resources = self._resources_stamp(self._proc)
+            return self._resources
 
     # -- reading -----------------------------------------------------------------------
 

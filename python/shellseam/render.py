@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED
-from .types import CollectedOutput, ShellRunResult
+from .types import CollectedOutput, ShellResources, ShellRunResult
 
 if TYPE_CHECKING:
     from .tasks import TaskInfo, TaskRead
@@ -98,6 +98,22 @@ def _exit_status_marker(
     return None
 
 
+def _limit_marker(resources: ShellResources | None) -> str | None:
+    """The marker of the limit a call hit, quoting the call's effective limit."""
+    if resources is None or resources.limit_exceeded is None:
+        return None
+    limits = resources.limits
+    match resources.limit_exceeded:
+        case "memory":
+            return f"[killed: memory limit of {limits.memory_bytes} bytes exceeded]"
+        case "cpu":
+            return f"[killed: cpu limit of {limits.cpu_ms}ms exceeded]"
+        case "processes":
+            return f"[process limit of {limits.max_processes} reached; some forks failed]"
+        case "file_size":
+            return f"[file size limit of {limits.file_size_bytes} bytes reached]"
+
+
 def _markers(result: ShellRunResult, *, status: bool) -> list[str]:
     """Every marker a foreground rendering puts after the output text, in SPEC §5 order.
 
@@ -110,6 +126,9 @@ def _markers(result: ShellRunResult, *, status: bool) -> list[str]:
         parts.append(f"[sandbox: file access denied under {result.sandbox.mode} mode]")
     if result.timed_out:
         parts.append(f"[timed out after {result.timeout_ms}ms]")
+    limit = _limit_marker(result.resources)
+    if limit is not None:
+        parts.append(limit)
     if result.leftover_killed == 1:
         parts.append("[stopped 1 leftover background process]")
     elif result.leftover_killed > 1:
@@ -128,7 +147,7 @@ def render_result(result: ShellRunResult) -> str:
     """Render a foreground result exactly as SPEC §5 "Rendering" orders it.
 
     stdout; ``[stderr]`` + stderr; ``(no output)`` when both are empty; truncation markers
-    (stdout first); the sandbox-denial, timeout and leftover-process markers; and last the
+    (stdout first); the sandbox-denial, timeout, limit and leftover-process markers; and last the
     exit-status marker, without a trailing newline. The only I/O: a capped spill file's
     saved size is read from the file, since the result does not carry the spill cap.
     """

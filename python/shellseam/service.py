@@ -19,6 +19,7 @@ import concurrent.futures
 import logging
 import os
 import stat
+import sys
 import tempfile
 import threading
 import weakref
@@ -28,6 +29,7 @@ from typing import TypeAlias, TypeVar, cast
 from . import _core
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_int
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
+from .types import ResourceLimits
 
 _log = logging.getLogger("shellseam")
 _T = TypeVar("_T")
@@ -41,6 +43,9 @@ Finished: TypeAlias = _core.Finished
 ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
+#: Containment facts of a settled call, and of the host.
+NativeResources: TypeAlias = _core.Resources
+HostContainment: TypeAlias = _core.ContainmentFacts
 
 #: Threads that spawn for event loops (see ``spawn_off_loop``): a fixed pool per service,
 #: never one per call.
@@ -53,7 +58,41 @@ _STAGE_REASONS = {
     "clone": "cannot create a process",
     "supervise": "cannot supervise the process",
     "forked-child": "unusable in a forked child",
+    "contain": "cannot apply the call's cgroup or limits",
 }
+
+#: The keeper process (see rust/keeper.rs): a bare interpreter that loads this extension
+#: from its file, without importing the package or site, and runs its keeper loop on stdin.
+_KEEPER_BOOTSTRAP = """\
+import sys
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+loader = ExtensionFileLoader("shellseam._core", sys.argv[1])
+core = module_from_spec(spec_from_loader("shellseam._core", loader))
+loader.exec_module(core)
+sys.exit(core._keeper_main(0))
+"""
+
+
+def _keeper_command() -> tuple[bytes, list[bytes]] | None:
+    """How to start the keeper; None when this interpreter cannot be re-executed."""
+    executable, library = sys.executable, getattr(_core, "__file__", None)
+    if not executable or not library:
+        return None
+    argv = [executable, "-I", "-S", "-c", _KEEPER_BOOTSTRAP, library]
+    return os.fsencode(executable), [os.fsencode(a) for a in argv]
+
+
+def _limits_tuple(limits: ResourceLimits | None) -> _core._Limits:
+    if limits is None:
+        return (None, None, None, None, None)
+    return (
+        limits.memory_bytes,
+        limits.max_processes,
+        limits.cpu_ms,
+        limits.file_size_bytes,
+        limits.open_files,
+    )
 
 
 def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
@@ -68,6 +107,11 @@ def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
     if stage == "chdir" and cwd is not None:
         what = f"{what} {cwd}"
     return ShellError(code, f"{what}: {message}" if what else message)
+
+
+def host_containment() -> HostContainment:
+    """What this host offers for containment (probes by creating a cgroup parent)."""
+    return _core.containment_facts()
 
 
 def landlock_abi() -> int:
@@ -165,6 +209,10 @@ class ManagedProcess:
         """Consuming read of (stdout, stderr)."""
         return self._proc.read()
 
+    def resources(self) -> NativeResources | None:
+        """Containment facts of the settled process, or None while running."""
+        return self._proc.resources()
+
 
 class _LoopWaiters:
     """Futures of one event loop, resolved from a native eventfd the loop watches."""
@@ -232,7 +280,9 @@ class SubprocessService:
         parent = spill_parent if spill_parent is not None else default_spill_parent()
         self.spill_parent = os.path.abspath(parent)
         self.max_spill_total_bytes = _check_spill_total(max_spill_total_bytes)
-        self._supervisor = _core.Supervisor(self.spill_parent, self.max_spill_total_bytes)
+        self._supervisor = _core.Supervisor(
+            self.spill_parent, self.max_spill_total_bytes, _keeper_command(), keep_spill
+        )
         self.keep_spill = keep_spill
         self._lock = threading.Lock()
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
@@ -265,6 +315,11 @@ class SubprocessService:
         )
 
     @property
+    def keeper_pid(self) -> int | None:
+        """The keeper process's pid, once the first call started it."""
+        return self._supervisor.keeper_pid
+
+    @property
     def running(self) -> int:
         """Processes not yet settled."""
         return self._supervisor.running
@@ -285,6 +340,8 @@ class SubprocessService:
         grace_ms: int,
         ruleset: Ruleset | None = None,
         script_fd: int | None = None,
+        limits: ResourceLimits | None = None,
+        cgroup: bool = True,
     ) -> ManagedProcess:
         """Spawns one process group; raises ``ShellError`` with an exact reason.
 
@@ -325,6 +382,8 @@ class SubprocessService:
                 grace_ms=grace_ms,
                 ruleset=ruleset,
                 script_fd=script_fd,
+                limits=_limits_tuple(limits),
+                cgroup=cgroup,
             )
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None

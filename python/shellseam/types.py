@@ -16,6 +16,9 @@ from .abort import AbortSignal
 SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
 SandboxEnforcement = Literal["full", "partial"]
 ProcessStatus = Literal["running", "completed", "killed"]
+Containment = Literal["cgroup", "session"]
+LimitEnforcement = Literal["tree", "process"]
+LimitName = Literal["memory", "processes", "cpu", "file_size"]
 
 SANDBOX_MODES: tuple[SandboxMode, ...] = ("read-only", "workspace-write", "danger-full-access")
 
@@ -31,6 +34,22 @@ class SandboxPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ResourceLimits:
+    """Ceilings of one call; ``None``: no limit on that resource.
+
+    ``memory_bytes``, ``max_processes`` and ``cpu_ms`` bound the whole call (every process it
+    starts, together) where a cgroup controller exists, else each process (rlimits);
+    ``file_size_bytes`` and ``open_files`` are always per-process rlimits.
+    """
+
+    memory_bytes: int | None = None
+    max_processes: int | None = None
+    cpu_ms: int | None = None
+    file_size_bytes: int | None = None
+    open_files: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ShellExecRequest:
     """A caller's request; optional fields are filled by ``ShellExecutor.resolve``."""
 
@@ -43,6 +62,7 @@ class ShellExecRequest:
     env: Mapping[str, str] | None = None
     managed_env: Mapping[str, str] | None = None
     sandbox_policy: SandboxPolicy | None = None
+    limits: ResourceLimits | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +78,7 @@ class ShellExecSpec:
     env: Mapping[str, str] | None
     managed_env: Mapping[str, str] | None
     sandbox_policy: SandboxPolicy | None
+    limits: ResourceLimits
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,24 @@ class ShellSandboxInfo:
 
 
 @dataclass(frozen=True)
+class ShellResources:
+    """Containment and resource facts of one call, stamped before completion is signalled.
+
+    ``containment``: ``cgroup`` tracks every descendant, even one that left the session;
+    ``session`` only the command's session/process group. ``enforcement``: ``tree`` when the
+    whole call's limits are cgroup controllers, ``process`` when some fell back to
+    per-process rlimits, ``None`` when no limit was asked.
+    """
+
+    containment: Containment
+    enforcement: LimitEnforcement | None
+    limits: ResourceLimits
+    limit_exceeded: LimitName | None
+    peak_memory_bytes: int | None
+    cpu_ms: float
+
+
+@dataclass(frozen=True)
 class ShellRunResult:
     """The outcome of one completed (or killed) foreground run."""
 
@@ -95,6 +134,7 @@ class ShellRunResult:
     duration_ms: float
     leftover_killed: int = 0
     sandbox: ShellSandboxInfo | None = None
+    resources: ShellResources | None = None
     #: The status was reaped by someone else (a stray ``waitpid(-1)`` in the harness):
     #: ``exit_code`` and ``signal`` are None, never a made-up 0.
     exit_status_unknown: bool = False

@@ -3,6 +3,7 @@
 //! releases the GIL, and long waits check for Python signals between short slices.
 
 mod collector;
+mod contain;
 mod env;
 mod floor;
 mod notifier;
@@ -144,6 +145,10 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<collector::Collector>()?;
     m.add_class::<env::Env>()?;
     m.add_class::<env::EnvBuilder>()?;
+    m.add_class::<contain::Resources>()?;
+    m.add_class::<contain::ContainmentFacts>()?;
+    m.add_function(wrap_pyfunction!(contain::containment_facts, m)?)?;
+    m.add_function(wrap_pyfunction!(contain::_keeper_main, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::build_ruleset, m)?)?;
     m.add_function(wrap_pyfunction!(fork_prepare, m)?)?;
     m.add_function(wrap_pyfunction!(fork_parent, m)?)?;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use super::contain::Resources;
 use super::notifier::Notifier;
 use super::records::{Collected, Finished, Outcome, ReadDelta};
 use super::wait_with_signals;
@@ -74,6 +75,11 @@ impl Proc {
             stdout,
             stderr,
         })
+    }
+
+    /// Containment facts, or None while running.
+    fn resources(&self) -> Option<Resources> {
+        self.inner.resources().map(Resources::from)
     }
 
     /// Both streams as collected so far: (stdout, stderr).

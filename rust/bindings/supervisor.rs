@@ -10,7 +10,17 @@ use super::cstring;
 use super::env::Env;
 use super::proc::Proc;
 use super::ruleset::Ruleset;
+use crate::contain::CallLimits;
 use crate::errors::CoreError;
+
+/// (memory_bytes, max_processes, cpu_ms, file_size_bytes, open_files).
+type LimitsTuple = (
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+);
 use crate::process::ProcConfig;
 use crate::spawn::SpawnPlan;
 use crate::supervisor::Service;
@@ -23,19 +33,39 @@ pub struct Supervisor {
 
 #[pymethods]
 impl Supervisor {
+    /// `keeper`: (program, argv) of the keeper process, started on the first call; it
+    /// removes the spill directory when the harness dies unless `keep_spill`.
     #[new]
-    #[pyo3(signature = (spill_parent, spill_total=u64::MAX))]
-    fn new(spill_parent: PathBuf, spill_total: u64) -> PyResult<Self> {
+    #[pyo3(signature = (spill_parent, spill_total=u64::MAX, keeper=None, keep_spill=false))]
+    fn new(
+        spill_parent: PathBuf,
+        spill_total: u64,
+        keeper: Option<(Vec<u8>, Vec<Vec<u8>>)>,
+        keep_spill: bool,
+    ) -> PyResult<Self> {
+        let service = Service::new(spill_parent, spill_total).map_err(CoreError::Io)?;
+        if let Some((program, argv)) = keeper {
+            let argv = argv
+                .into_iter()
+                .map(|a| cstring(a, "a keeper argument"))
+                .collect::<PyResult<Vec<_>>>()?;
+            service.set_keeper(cstring(program, "the keeper program")?, argv, keep_spill);
+        }
         Ok(Self {
-            inner: Arc::new(Service::new(spill_parent, spill_total).map_err(CoreError::Io)?),
+            inner: Arc::new(service),
         })
     }
 
+    /// The keeper's pid once started (None before the first call or without a keeper).
     #[getter]
-    fn spill_dir(&self) -> Option<String> {
-        self.inner
-            .spill_dir()
-            .map(|p| p.to_string_lossy().into_owned())
+    fn keeper_pid(&self) -> Option<i32> {
+        self.inner.keeper_pid()
+    }
+
+    /// Whether calls get cgroups (creates the service's cgroup parent on first use).
+    fn has_cgroups(&self, py: Python<'_>) -> bool {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.has_cgroups())
     }
 
     /// The spill directory, created now if nothing spilled yet; None when it cannot be
@@ -43,6 +73,13 @@ impl Supervisor {
     fn ensure_spill_dir(&self) -> Option<String> {
         self.inner
             .ensure_spill_dir()
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    #[getter]
+    fn spill_dir(&self) -> Option<String> {
+        self.inner
+            .spill_dir()
             .map(|p| p.to_string_lossy().into_owned())
     }
 
@@ -63,7 +100,7 @@ impl Supervisor {
 
     /// Spawns `argv` (program path `program`) in a new process group.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None))]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=(None, None, None, None, None), cgroup=true))]
     fn spawn(
         &self,
         py: Python<'_>,
@@ -78,18 +115,23 @@ impl Supervisor {
         grace_ms: u64,
         ruleset: Option<&Ruleset>,
         script_fd: Option<i32>,
+        limits: LimitsTuple,
+        cgroup: bool,
     ) -> PyResult<Proc> {
         let argv = argv
             .into_iter()
             .map(|a| cstring(a, "an argument"))
             .collect::<PyResult<Vec<_>>>()?;
-        let plan = SpawnPlan {
+        let mut plan = SpawnPlan {
             program: cstring(program, "the program path")?,
             argv,
             envp: Arc::clone(&env.envp),
             cwd: cstring(cwd, "the working directory")?,
             confinement: ruleset.map(|r| Arc::clone(&r.inner)),
             script: script_fd,
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
         };
         let cfg = ProcConfig {
             stdout_cap,
@@ -97,9 +139,17 @@ impl Supervisor {
             spill_cap,
             grace: Duration::from_millis(grace_ms),
             stdin,
+            limits: CallLimits {
+                memory_bytes: limits.0,
+                max_processes: limits.1,
+                cpu_ms: limits.2,
+                file_size_bytes: limits.3,
+                open_files: limits.4,
+            },
+            cgroup,
         };
         let inner = Arc::clone(&self.inner);
-        let proc = py.detach(move || inner.spawn(&plan, cfg))?;
+        let proc = py.detach(move || inner.spawn(&mut plan, cfg))?;
         Ok(Proc { inner: proc })
     }
 

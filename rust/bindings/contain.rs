@@ -1,0 +1,89 @@
+//! `_core` containment: per-call resources, the host's facts, and the keeper's entry point.
+
+use pyo3::prelude::*;
+
+use crate::cgroup::{hierarchy, ServiceCgroups};
+use crate::contain::Resources as CoreResources;
+
+/// Containment facts of one finished call.
+#[pyclass(frozen, get_all, module = "shellseam._core")]
+pub struct Resources {
+    /// True when the call ran in its own cgroup.
+    pub cgroup: bool,
+    /// Whether memory / processes / CPU limits applied to the whole tree.
+    pub tree_memory: bool,
+    pub tree_processes: bool,
+    pub tree_cpu: bool,
+    /// "memory", "processes", "cpu" or None.
+    pub limit_exceeded: Option<&'static str>,
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of every process of the call (cgroup), None under session containment.
+    pub cpu_ms: Option<f64>,
+}
+
+impl From<CoreResources> for Resources {
+    fn from(r: CoreResources) -> Self {
+        Self {
+            cgroup: r.cgroup,
+            tree_memory: r.tree_memory,
+            tree_processes: r.tree_processes,
+            tree_cpu: r.tree_cpu,
+            limit_exceeded: r.limit_hit.map(|h| h.name()),
+            peak_memory_bytes: r.peak_memory_bytes,
+            cpu_ms: r.cpu_usec.map(|u| u as f64 / 1000.0),
+        }
+    }
+}
+
+/// What this host offers for containment.
+#[pyclass(frozen, get_all, module = "shellseam._core")]
+pub struct ContainmentFacts {
+    pub cgroup: bool,
+    pub memory: bool,
+    pub pids: bool,
+    pub cgroup_root: Option<String>,
+    /// "cgroup v2", "cgroup v1" or None, per controller.
+    pub memory_controller: Option<&'static str>,
+    pub pids_controller: Option<&'static str>,
+    /// Why there is no cgroup containment, when there is none.
+    pub reason: Option<String>,
+}
+
+/// Probes the host by creating (and removing) a service cgroup parent.
+#[pyfunction]
+pub fn containment_facts(py: Python<'_>) -> ContainmentFacts {
+    py.detach(|| {
+        let h = hierarchy();
+        let root = h.v2.as_ref().map(|p| p.to_string_lossy().into_owned());
+        match ServiceCgroups::new(h) {
+            Ok(set) => {
+                let facts = ContainmentFacts {
+                    cgroup: true,
+                    memory: set.has_memory(),
+                    pids: set.has_pids(),
+                    cgroup_root: root,
+                    memory_controller: set.memory_controller(),
+                    pids_controller: set.pids_controller(),
+                    reason: None,
+                };
+                set.remove_all();
+                facts
+            }
+            Err(err) => ContainmentFacts {
+                cgroup: false,
+                memory: false,
+                pids: false,
+                cgroup_root: root,
+                memory_controller: None,
+                pids_controller: None,
+                reason: Some(err.to_string()),
+            },
+        }
+    })
+}
+
+/// The keeper process's body (see `keeper.rs`); never called in a harness.
+#[pyfunction]
+pub fn _keeper_main(py: Python<'_>, fd: i32) -> i32 {
+    py.detach(|| crate::keeper::keeper_main(fd))
+}

@@ -1,0 +1,277 @@
+//! Containment of one call, as the lifecycle sees it: who "the call's processes" are, how
+//! they are signalled and counted, what limits apply and which one was hit.
+//!
+//! Under cgroup containment the call's processes are every member of its cgroup (even ones
+//! that left the session); otherwise its process group. Whole-call limits go to cgroup
+//! controllers where the service has them (`tree`), else to per-process rlimits
+//! (`process`); file size and open files are always rlimits.
+
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
+use crate::kill::{group_alive, group_members, liveness, signal_group};
+
+/// `(resource, soft, hard)` for `prlimit64` in the child.
+pub type Rlimit = (u32, u64, u64);
+
+/// The limits of one call, as validated by the Python layer (`None`: no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallLimits {
+    pub memory_bytes: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub cpu_ms: Option<u64>,
+    pub file_size_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+}
+
+/// Which limit a call hit (as far as the core can tell; a file-size hit is read from the
+/// command's status by the Python layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitHit {
+    Memory,
+    Processes,
+    Cpu,
+}
+
+impl LimitHit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Processes => "processes",
+            Self::Cpu => "cpu",
+        }
+    }
+}
+
+/// Containment facts of a finished call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resources {
+    pub cgroup: bool,
+    /// Whether each whole-call limit is enforced for the whole tree.
+    pub tree_memory: bool,
+    pub tree_processes: bool,
+    pub tree_cpu: bool,
+    pub limit_hit: Option<LimitHit>,
+    pub peak_memory_bytes: Option<u64>,
+    /// From the cgroup; None under session containment (the caller uses rusage).
+    pub cpu_usec: Option<u64>,
+}
+
+/// The outcome of a CPU-limit check.
+pub(crate) enum CpuCheck {
+    NotDue,
+    /// Under the limit: check again at this time.
+    Again(Instant),
+    /// Over the limit: kill the call.
+    Exceeded,
+}
+
+/// How often a call with a CPU limit has its CPU time checked.
+fn cpu_check_interval(cpu_ms: u64) -> Duration {
+    Duration::from_millis((cpu_ms / 4).clamp(10, 250))
+}
+
+/// The containment state of one call, owned by its `ProcState`.
+pub(crate) struct CallContainment {
+    pub cgroup: Option<CallCgroup>,
+    contained: bool,
+    tree_memory: bool,
+    tree_processes: bool,
+    cpu_limit_usec: Option<u64>,
+    pub next_cpu_check: Option<Instant>,
+    cpu_exceeded: bool,
+    usage: Option<Usage>,
+    /// `cgroup.events`, watched for EPOLLPRI while leftovers are being reaped.
+    pub events: Option<(OwnedFd, Option<u64>)>,
+    /// Members already counted in `leftover_killed`.
+    counted: HashSet<libc::pid_t>,
+    /// The cgroup was last seen empty (the call's processes are all gone).
+    pub emptied: bool,
+}
+
+impl CallContainment {
+    /// Prepares a call: takes a cgroup from `cgroups` (when containing) with the tree
+    /// limits applied, and returns the rlimits the child must set.
+    ///
+    /// A cgroup that cannot be had (e.g. `cgroup.max.descendants` reached) does not fail
+    /// the call: it runs with session containment and rlimits, and its facts say so.
+    pub fn prepare(cgroups: Option<&ServiceCgroups>, limits: &CallLimits) -> (Self, Vec<Rlimit>) {
+        let cgroup = cgroups.and_then(|set| {
+            set.acquire(TreeLimits {
+                memory_bytes: limits.memory_bytes.filter(|_| set.has_memory()),
+                max_processes: limits.max_processes.filter(|_| set.has_pids()),
+            })
+            .ok()
+        });
+        let contained = cgroup.is_some();
+        let tree_memory = contained && cgroups.is_some_and(ServiceCgroups::has_memory);
+        let tree_processes = contained && cgroups.is_some_and(ServiceCgroups::has_pids);
+        let mut rlimits = Vec::new();
+        if let Some(v) = limits.file_size_bytes {
+            rlimits.push((libc::RLIMIT_FSIZE, v, v));
+        }
+        if let Some(v) = limits.open_files {
+            rlimits.push((libc::RLIMIT_NOFILE, v, v));
+        }
+        if let (Some(v), false) = (limits.memory_bytes, tree_memory) {
+            rlimits.push((libc::RLIMIT_AS, v, v));
+        }
+        let cpu_limit_usec = match (limits.cpu_ms, cgroup.is_some()) {
+            (Some(ms), true) => Some(ms.saturating_mul(1000)),
+            (Some(ms), false) => {
+                // SIGXCPU at the soft limit (the status names it), SIGKILL a second later
+                // for a command that ignores it.
+                let secs = ms.div_ceil(1000).max(1);
+                rlimits.push((libc::RLIMIT_CPU, secs, secs + 1));
+                None
+            }
+            (None, _) => None,
+        };
+        let next_cpu_check = limits
+            .cpu_ms
+            .filter(|_| cpu_limit_usec.is_some())
+            .map(|ms| Instant::now() + cpu_check_interval(ms));
+        (
+            Self {
+                contained: cgroup.is_some(),
+                cgroup,
+                tree_memory,
+                tree_processes,
+                cpu_limit_usec,
+                next_cpu_check,
+                cpu_exceeded: false,
+                usage: None,
+                events: None,
+                counted: HashSet::new(),
+                emptied: false,
+            },
+            rlimits,
+        )
+    }
+
+    /// Signals every process of the call: the cgroup's members, else the group.
+    pub fn signal(&mut self, pgid: libc::pid_t, sig: libc::c_int) {
+        let _ = signal_group(pgid, sig);
+        if let Some(cg) = &mut self.cgroup {
+            if sig == libc::SIGKILL {
+                let _ = cg.kill_all();
+            } else {
+                cg.signal_all(sig);
+            }
+        }
+    }
+
+    /// A kill request: SIGTERM to the session's group and to every other member of the
+    /// call's cgroup at once. Members outside the group left the command's session: the
+    /// executor terminates them as leftovers, so they are counted (once). Returns how many.
+    pub fn terminate(&mut self, pgid: libc::pid_t) -> usize {
+        let _ = signal_group(pgid, libc::SIGTERM);
+        let Some(cg) = &self.cgroup else { return 0 };
+        let mut escaped = 0;
+        for pid in cg.members() {
+            if crate::kill::pgrp_of(pid) != Some(pgid) && self.counted.insert(pid) {
+                escaped += 1;
+            }
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        escaped
+    }
+
+    /// After the shell exited and the drain ended: `(leftovers not counted yet, whether
+    /// anything is alive)`; the new leftovers are counted now. One read of `cgroup.procs`.
+    pub fn count_leftovers(&mut self, pgid: libc::pid_t) -> (usize, bool) {
+        match &self.cgroup {
+            Some(cg) => {
+                // Zombies (the shell's among them, kept unreaped until the call is dealt
+                // with) are dead; members already in exit(2) are waited for, not counted.
+                let mut alive = false;
+                let mut new = 0;
+                for pid in cg.members() {
+                    match liveness(pid) {
+                        Some(true) => {
+                            alive = true;
+                            if self.counted.insert(pid) {
+                                new += 1;
+                            }
+                        }
+                        Some(false) => alive = true,
+                        None => {}
+                    }
+                }
+                self.emptied = !alive;
+                (new, alive)
+            }
+            None if group_alive(pgid) => {
+                let members = group_members(pgid);
+                (members.live, !members.gone())
+            }
+            None => (0, false),
+        }
+    }
+
+    /// Whether anything of the call is still running.
+    pub fn any_alive(&mut self, pgid: libc::pid_t) -> bool {
+        match &self.cgroup {
+            Some(cg) => {
+                let alive =
+                    cg.populated() && cg.members().into_iter().any(|p| liveness(p).is_some());
+                self.emptied = !alive;
+                alive
+            }
+            None => group_alive(pgid) && !group_members(pgid).gone(),
+        }
+    }
+
+    /// Checks the CPU limit when a check is due.
+    pub fn check_cpu(&mut self, now: Instant) -> CpuCheck {
+        let (Some(limit), Some(at), Some(cg)) =
+            (self.cpu_limit_usec, self.next_cpu_check, &self.cgroup)
+        else {
+            return CpuCheck::NotDue;
+        };
+        if now < at {
+            return CpuCheck::NotDue;
+        }
+        if cg.cpu_usec() > limit {
+            self.cpu_exceeded = true;
+            self.next_cpu_check = None;
+            return CpuCheck::Exceeded;
+        }
+        let next = now + cpu_check_interval(limit / 1000);
+        self.next_cpu_check = Some(next);
+        CpuCheck::Again(next)
+    }
+
+    /// Reads the call's accounting; done once, before completion is signalled.
+    pub fn stamp(&mut self) {
+        if let Some(cg) = &mut self.cgroup {
+            self.usage = Some(cg.usage());
+        }
+        self.next_cpu_check = None;
+    }
+
+    pub fn resources(&self) -> Resources {
+        let usage = self.usage.unwrap_or_default();
+        let limit_hit = if self.cpu_exceeded {
+            Some(LimitHit::Cpu)
+        } else if usage.oom_killed {
+            Some(LimitHit::Memory)
+        } else if usage.forks_refused {
+            Some(LimitHit::Processes)
+        } else {
+            None
+        };
+        Resources {
+            cgroup: self.contained,
+            tree_memory: self.tree_memory,
+            tree_processes: self.tree_processes,
+            tree_cpu: self.contained,
+            limit_hit,
+            peak_memory_bytes: self.usage.and_then(|u| u.peak_memory_bytes),
+            cpu_usec: self.usage.map(|u| u.cpu_usec),
+        }
+    }
+}

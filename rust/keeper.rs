@@ -1,0 +1,271 @@
+//! The keeper: no command outlives its harness.
+//!
+//! A small process per service holds the read end of a pipe whose only write end is the
+//! service's (close-on-exec, so no command inherits it). The service tells it, one line at
+//! a time, what to clean up: its cgroup parents, the process groups of session-contained
+//! calls, and a spill directory that is not kept. When the harness dies — any signal,
+//! `SIGKILL` and `os._exit` included — the kernel closes the write end; the keeper reads
+//! EOF, kills every call cgroup (`cgroup.kill` on the service's parent covers every call
+//! and every descendant) and every live session group, removes the cgroups and the spill
+//! directory, and exits. `dispose()` sends `exit` after cleaning up itself.
+//!
+//! The keeper is `python -I -S` running a three-line bootstrap that loads this extension
+//! module from its file (no package import, no site) and calls `keeper_main(0)`: a maturin
+//! wheel ships one native library, and this reuses it instead of a second binary.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, BufRead, BufReader};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::cgroup::remove_tree;
+use crate::spawn::{spawn, SpawnPlan};
+
+/// How long the keeper waits for killed cgroups to empty before removing them.
+const EMPTY_WAIT: Duration = Duration::from_secs(2);
+
+/// What the keeper has been told to clean up.
+#[derive(Debug, Default, PartialEq)]
+pub struct Duties {
+    pub cgroups: Vec<PathBuf>,
+    pub dirs: Vec<PathBuf>,
+    pub spills: Vec<PathBuf>,
+    pub groups: BTreeSet<libc::pid_t>,
+    pub exit: bool,
+}
+
+impl Duties {
+    /// Applies one protocol line; unknown lines are ignored.
+    pub fn apply(&mut self, line: &str) {
+        let (verb, arg) = line.split_once(' ').unwrap_or((line, ""));
+        match verb {
+            "cgroup" => self.cgroups.push(PathBuf::from(arg)),
+            "dir" => self.dirs.push(PathBuf::from(arg)),
+            "spill" => self.spills.push(PathBuf::from(arg)),
+            "keep-spill" => self.spills.retain(|p| p != Path::new(arg)),
+            "group" => {
+                if let Ok(pgid) = arg.parse() {
+                    self.groups.insert(pgid);
+                }
+            }
+            "ungroup" => {
+                if let Ok(pgid) = arg.parse::<libc::pid_t>() {
+                    self.groups.remove(&pgid);
+                }
+            }
+            "exit" => self.exit = true,
+            _ => {}
+        }
+    }
+
+    /// The harness is gone: kill, wait briefly, remove.
+    pub fn clean_up(&self) {
+        for cg in &self.cgroups {
+            let _ = fs::write(cg.join("cgroup.kill"), "1");
+        }
+        for &pgid in &self.groups {
+            if pgid > 1 {
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
+        }
+        let deadline = Instant::now() + EMPTY_WAIT;
+        while self.cgroups.iter().any(|cg| populated(cg)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for dir in self.cgroups.iter().chain(&self.dirs) {
+            remove_tree(dir);
+        }
+        for spill in &self.spills {
+            let _ = fs::remove_dir_all(spill);
+        }
+    }
+}
+
+fn populated(cg: &Path) -> bool {
+    fs::read_to_string(cg.join("cgroup.events"))
+        .map(|t| t.lines().any(|l| l == "populated 1"))
+        .unwrap_or(false)
+}
+
+/// The keeper process's body: reads duties from `fd` until `exit` or EOF.
+pub fn keeper_main(fd: i32) -> i32 {
+    // Only the harness's death (or `exit`) ends the keeper: a Ctrl-C or a SIGTERM sent to
+    // the harness's process group must not take the safety net down first.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+        // SAFETY: installs the ignore disposition; no handler code is involved.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    // SAFETY: the keeper owns fd `fd` (its stdin); nothing else uses it.
+    let input = unsafe { fs::File::from_raw_fd(fd) };
+    let mut duties = Duties::default();
+    for line in BufReader::new(input).lines() {
+        let Ok(line) = line else { break };
+        duties.apply(&line);
+        if duties.exit {
+            return 0;
+        }
+    }
+    duties.clean_up();
+    0
+}
+
+/// The harness's side: the pipe to a running keeper.
+pub struct Keeper {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    pipe: OwnedFd,
+}
+
+impl Keeper {
+    /// Starts `argv` (the bootstrap) as the keeper, its stdin the duty pipe.
+    pub fn start(program: &CString, argv: Vec<CString>) -> io::Result<Self> {
+        let plan = SpawnPlan {
+            program: program.clone(),
+            argv,
+            envp: std::sync::Arc::new(Vec::new()),
+            cwd: CString::new("/").unwrap_or_default(),
+            confinement: None,
+            script: None,
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
+        };
+        let child = spawn(&plan).map_err(|e| io::Error::from_raw_os_error(e.errno))?;
+        // Its stdout and stderr are not read: writes there fail with EPIPE (ignored).
+        drop((child.pipes.stdout, child.pipes.stderr));
+        Ok(Self {
+            pid: child.pid,
+            pidfd: child.pidfd,
+            pipe: child.pipes.stdin,
+        })
+    }
+
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Sends one duty line. A full pipe (the keeper stopped) drops the line rather than
+    /// blocking the harness.
+    pub fn send(&self, line: &str) {
+        if line.contains('\n') {
+            return; // a path with a newline cannot be told; never split it into two duties
+        }
+        let mut buf = Vec::with_capacity(line.len() + 1);
+        buf.extend_from_slice(line.as_bytes());
+        buf.push(b'\n');
+        let mut off = 0;
+        while off < buf.len() {
+            // SAFETY: writes from a live buffer to our pipe fd.
+            let n = unsafe {
+                libc::write(
+                    self.pipe.as_raw_fd(),
+                    buf[off..].as_ptr() as *const libc::c_void,
+                    buf.len() - off,
+                )
+            };
+            if n > 0 {
+                off += n as usize;
+            } else if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+    }
+
+    /// Tells the keeper to exit without cleaning up, and reaps it.
+    pub fn stop(self) {
+        self.send("exit");
+        let mut pfd = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one valid pollfd owned by this frame.
+        if unsafe { libc::poll(&mut pfd, 1, 2000) } <= 0 {
+            // SAFETY: signals our own unreaped child (its pid cannot have been reused).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child; `status` is a valid out-pointer.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duty_lines_accumulate() {
+        let mut d = Duties::default();
+        for line in [
+            "cgroup /sys/fs/cgroup/x",
+            "spill /tmp/a b",
+            "group 42",
+            "group 43",
+            "ungroup 42",
+            "bogus",
+            "keep-spill /tmp/zz",
+        ] {
+            d.apply(line);
+        }
+        assert_eq!(d.cgroups, vec![PathBuf::from("/sys/fs/cgroup/x")]);
+        assert_eq!(d.spills, vec![PathBuf::from("/tmp/a b")]);
+        assert_eq!(d.groups.iter().copied().collect::<Vec<_>>(), vec![43]);
+        assert!(!d.exit);
+        d.apply("exit");
+        assert!(d.exit);
+    }
+
+    #[test]
+    fn clean_up_kills_every_call_cgroup_and_removes_them() {
+        use crate::cgroup::{hierarchy, ServiceCgroups, TreeLimits};
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        let set = ServiceCgroups::new(h).expect("service cgroups");
+        let cg = set.acquire(TreeLimits::default()).expect("acquire");
+        let c = |s: &str| CString::new(s).unwrap();
+        let plan = SpawnPlan {
+            program: c("/bin/sleep"),
+            argv: vec![c("sleep"), c("300")],
+            envp: std::sync::Arc::new(vec![]),
+            cwd: c("/"),
+            confinement: None,
+            script: None,
+            cgroup: Some(cg.dir_fd()),
+            join_cgroups: cg.join_fds(),
+            rlimits: Vec::new(),
+        };
+        let child = spawn(&plan).expect("spawn");
+        let mut d = Duties::default();
+        d.apply(&format!("cgroup {}", set.parent().display()));
+        for dir in set.parents().iter().skip(1) {
+            d.apply(&format!("dir {}", dir.display()));
+        }
+        d.clean_up();
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
+        for dir in set.parents() {
+            assert!(!dir.exists(), "{}", dir.display());
+        }
+        drop(cg);
+    }
+
+    #[test]
+    fn clean_up_removes_spill_dirs() {
+        let dir = std::env::temp_dir().join(format!("keeper-test-{}", std::process::id()));
+        fs::create_dir_all(dir.join("sub")).unwrap();
+        fs::write(dir.join("sub/f"), "x").unwrap();
+        let mut d = Duties::default();
+        d.apply(&format!("spill {}", dir.display()));
+        d.clean_up();
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,111 @@
+"""Shared pieces of the containment tests: marker tokens, survivor scans, escaper forms."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+import time
+
+MARK = "SHELLSEAM_CONTAIN_MARK"
+
+#: Every way a command can leave its session or process group (SPEC §3 Containment).
+PY = sys.executable
+ESCAPERS: dict[str, str] = {
+    "setsid": "setsid sleep 300 > /dev/null 2>&1 &",
+    "setsid -f": "setsid -f sleep 300 > /dev/null 2>&1",
+    "double-fork": (
+        f"{PY} -c 'import os, sys\n"
+        "if os.fork(): sys.exit(0)\n"
+        "os.setsid()\n"
+        "if os.fork(): sys.exit(0)\n"
+        'os.execvp("sleep", ["sleep", "300"])\' > /dev/null 2>&1'
+    ),
+    "set -m": "set -m; sleep 300 > /dev/null 2>&1 &",
+    "setpgid": (
+        f"{PY} -c 'import os; os.setpgid(0, 0); "
+        'os.execvp("sleep", ["sleep", "300"])\' > /dev/null 2>&1 &'
+    ),
+}
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def marked_env(token: str) -> dict[str, str]:
+    return {MARK: token}
+
+
+def survivors(token: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``token``."""
+    needle = f"{MARK}={token}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and stat[stat.rfind(")") + 2] not in "ZX":
+            found.append(int(name))
+    return found
+
+
+def any_marked() -> list[int]:
+    """Every live process carrying any containment-test marker."""
+    prefix = f"{MARK}=".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        marked = any(v.startswith(prefix) for v in environ.split(b"\0"))
+        if marked and stat[stat.rfind(")") + 2] not in "ZX":
+            found.append(int(name))
+    return found
+
+
+def kill_marked() -> None:
+    for pid in any_marked():
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+
+
+def wait_gone(token: str, timeout: float = 3.0) -> list[int]:
+    """Survivors after waiting up to ``timeout`` for them to vanish."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = survivors(token)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
+def new_cgroup_dirs(before: list[str], pid: int | None = None) -> list[str]:
+    """Service cgroup parents that appeared since ``before`` (other services of this
+    process, e.g. the default one, may legitimately hold theirs)."""
+    return sorted(set(own_cgroup_dirs(pid)) - set(before))
+
+
+def own_cgroup_dirs(pid: int | None = None) -> list[str]:
+    """Service cgroup parents of ``pid`` (default: this process) under any hierarchy."""
+    prefix = f"shellseam-{os.getpid() if pid is None else pid}-"
+    found = []
+    for root, dirs, _files in os.walk("/sys/fs/cgroup"):
+        for d in dirs:
+            if d.startswith(prefix):
+                found.append(os.path.join(root, d))
+        dirs[:] = [d for d in dirs if not d.startswith("shellseam-")]
+    return found
