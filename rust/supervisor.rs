@@ -672,7 +672,9 @@ mod tests {
     #[test]
     fn a_timed_out_wait_leaves_the_run_to_the_supervisor() {
         let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
-        let p = svc.spawn(&mut plan("sleep 0.3; echo late"), cfg(1000)).unwrap();
+        let p = svc
+            .spawn(&mut plan("sleep 0.3; echo late"), cfg(1000))
+            .unwrap();
         assert!(!p.wait(Some(Duration::from_millis(10))));
         // Nobody waits in `wait` now: the supervisor alone must settle it.
         let notifier = Arc::new(crate::notifier::Notifier::new().unwrap());
