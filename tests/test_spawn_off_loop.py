@@ -72,13 +72,21 @@ def test_a_run_cancelled_during_its_spawn_leaves_nothing_running(
                 await task
 
     asyncio.run(main())
-    # Every process that did start was killed: the supervisor settles them well before
-    # their `sleep 30` could end (nothing here kills them for the test).
+    # Let every spawn still queued or under way land (the pool's shutdown waits for them):
+    # each one that started must then be killed, well before its `sleep 30` could end
+    # (nothing here kills them for the test).
+    pool = service._spawners
+    assert pool is not None
+    pool.shutdown(wait=True)
+
+    def leftovers() -> list[tuple[int, str, int, int]]:
+        return [p for p in proc_stats() if marker in _cmdline(p[0])]
+
     deadline = time.monotonic() + 15
-    while service.running and time.monotonic() < deadline:
+    while (service.running or leftovers()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert service.running == 0
-    assert not [p for p in proc_stats() if marker in _cmdline(p[0])]
+    assert leftovers() == []
 
 
 def _cmdline(pid: int) -> str:
