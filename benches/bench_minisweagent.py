@@ -58,7 +58,7 @@ def _measure(command: str, repetitions: int) -> list[dict[str, Any]]:
     rows = []
     for shell in ("sh", "bash"):
         ours_ms = statistics.median(samples[shell])
-        # Field names follow shellseam.bench.Row, so `shellseam bench` can fold these rows in.
+        # Field names follow shellseam._bench.Row, so `shellseam bench` can fold these rows in.
         rows.append(
             {
                 "bench": "minisweagent",

@@ -108,6 +108,9 @@ pub fn has_url_password(value: &[u8]) -> bool {
             .unwrap_or(rest.len());
         let authority = &rest[..end];
         if scheme.first().is_some_and(|c| c.is_ascii_alphabetic()) {
+            if raw_password(rest) {
+                return true;
+            }
             if let Some(at) = authority.iter().rposition(|&c| c == b'@') {
                 let userinfo = &authority[..at];
                 if let Some(colon) = userinfo.iter().position(|&c| c == b':') {
@@ -120,6 +123,35 @@ pub fn has_url_password(value: &[u8]) -> bool {
         from = authority_start;
     }
     false
+}
+
+/// A password typed without percent-encoding after `scheme://` (`postgres://u:pa/ss@h`,
+/// `redis://:p#w@h`, which SQLAlchemy-style parsers accept): the user part has no `/`, `?`,
+/// `#` or `@`, the text after its colon reaches an `@` before any whitespace, and that text
+/// is not a port followed by a path (`http://host:8080/@user` keeps its value).
+fn raw_password(rest: &[u8]) -> bool {
+    let end = rest
+        .iter()
+        .position(|c| c.is_ascii_whitespace())
+        .unwrap_or(rest.len());
+    let rest = &rest[..end];
+    let Some(colon) = rest
+        .iter()
+        .position(|&c| matches!(c, b':' | b'/' | b'?' | b'#' | b'@'))
+    else {
+        return false;
+    };
+    if rest[colon] != b':' {
+        return false;
+    }
+    let after = &rest[colon + 1..];
+    let Some(at) = after.iter().position(|&c| c == b'@') else {
+        return false;
+    };
+    let password = &after[..at];
+    let digits = password.iter().take_while(|c| c.is_ascii_digit()).count();
+    let port_then_path = digits > 0 && matches!(password.get(digits), Some(b'/' | b'?' | b'#'));
+    !password.is_empty() && !port_then_path
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -181,6 +213,10 @@ mod tests {
             "https://user:tok@pypi.example/simple",
             "a https://x.org b redis://:secret@cache:6379",
             "mysql://root:pw@localhost",
+            // Unencoded passwords (red team): each leaked before.
+            "postgres://user:pa/ss@db/x",
+            "redis://:p#ss@h:6379",
+            "amqp://u:p?x@h",
         ] {
             assert!(has_url_password(v.as_bytes()), "{v}");
         }
@@ -191,6 +227,10 @@ mod tests {
             "no url at all",
             "://x:y@z",
             "x@y:z",
+            "http://host:8080/@user",
+            "http://localhost:8080/path",
+            "https://example.org/?next=a:b",
+            "https://u@h/a:b@c",
         ] {
             assert!(!has_url_password(v.as_bytes()), "{v}");
         }

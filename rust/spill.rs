@@ -21,12 +21,16 @@ pub fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
     let mut filled = 0;
     while filled < buf.len() {
+        // The raw syscall, not glibc's getrandom() wrapper (GLIBC_2.25): the wheel's
+        // symbol versions then name only what the manylinux tag promises, whatever glibc
+        // or linker (zig stubs leave an unknown symbol unversioned) built it.
         // SAFETY: getrandom writes at most `len - filled` bytes into the unfilled tail.
         let n = unsafe {
-            libc::getrandom(
+            libc::syscall(
+                libc::SYS_getrandom,
                 buf[filled..].as_mut_ptr() as *mut libc::c_void,
                 buf.len() - filled,
-                0,
+                0 as libc::c_uint,
             )
         };
         if n < 0 {

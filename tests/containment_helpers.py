@@ -30,8 +30,15 @@ ESCAPERS: dict[str, str] = {
 }
 
 
+#: Tokens this test process handed out: its clean-up kills only processes marked with one of
+#: them, never those of another test run on the same machine.
+_ISSUED: set[str] = set()
+
+
 def new_token() -> str:
-    return secrets.token_hex(8)
+    token = secrets.token_hex(8)
+    _ISSUED.add(token)
+    return token
 
 
 def marked_env(token: str) -> dict[str, str]:
@@ -58,8 +65,8 @@ def survivors(token: str) -> list[int]:
 
 
 def any_marked() -> list[int]:
-    """Every live process carrying any containment-test marker."""
-    prefix = f"{MARK}=".encode()
+    """Every live process carrying a marker this test process handed out."""
+    wanted = {f"{MARK}={token}".encode() for token in _ISSUED}
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -71,7 +78,7 @@ def any_marked() -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        marked = any(v.startswith(prefix) for v in environ.split(b"\0"))
+        marked = not wanted.isdisjoint(environ.split(b"\0"))
         if marked and stat[stat.rfind(")") + 2] not in "ZX":
             found.append(int(name))
     return found

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from shellseam import bench
+from shellseam import _bench as bench
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +58,12 @@ def test_child_measurement_reports_json(capsys: pytest.CaptureFixture[str]) -> N
     assert bench.main(["--child", "rss", json.dumps({"bytes": 1 << 20, "via": "shellseam"})]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["growth_kib"] >= 0
+
+
+def test_rows_are_handed_over_as_each_benchmark_finishes() -> None:
+    batches: list[list[bench.Row]] = []
+    rows = bench.run(
+        False, config=bench.TINY, only=["sequential", "sandbox"], on_rows=batches.append
+    )
+    assert [batch[0].bench.split()[0] for batch in batches] == ["1", "6"]
+    assert [row for batch in batches for row in batch] == rows

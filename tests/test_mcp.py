@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("mcp", reason="the mcp SDK is not installed (pip install 'shellseam[mcp]')")
 
@@ -28,12 +30,13 @@ import mcp_types as types
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from shellseam.env import ManagedEnvRegistry
+from shellseam._mcp_wire import check_line
 from shellseam.local import LocalShellExecutor
 from shellseam.mcp_server import run
 from shellseam.sandbox import SandboxShellExecutor
 from shellseam.tasks import TaskRuntime
 from shellseam.tool.bash import PROMPT_TEXT, BashTool
+from shellseam.tool.managed_env import ManagedEnvRegistry
 from shellseam.tool.tasks import task_tools
 
 
@@ -342,14 +345,14 @@ def test_sigterm_stops_the_server_and_the_sessions_processes(workdir: Path, home
     drive(scenario)
 
 
-@pytest.mark.parametrize("stop", ["eof", "sigterm"])
+@pytest.mark.parametrize("stop", ["eof", "sigterm", "sighup"])
 def test_the_server_exits_0_on_eof_and_on_sigterm(workdir: Path, home: Path, stop: str) -> None:
     with _raw_server(workdir, home) as server:
         assert server.stdin is not None
         if stop == "eof":
             server.stdin.close()
         else:
-            server.send_signal(signal.SIGTERM)
+            server.send_signal(signal.SIGTERM if stop == "sigterm" else signal.SIGHUP)
         assert server.wait(timeout=10) == 0
 
 
@@ -360,3 +363,262 @@ def test_bad_arguments_exit_2_before_serving(
     assert "invalid sandbox mode 'bogus'" in capsys.readouterr().err
     assert run(sandbox=None, workdir=str(workdir / "missing"), home=str(home)) == 2
     assert "workdir is not a directory" in capsys.readouterr().err
+
+
+# -- conventions: version, annotations, structured content ---------------------------------
+
+
+def test_server_info_carries_the_package_version(workdir: Path, home: Path) -> None:
+    from importlib.metadata import version
+
+    async def scenario() -> None:
+        async with connect(workdir, home) as (_session, init):
+            assert init.server_info.name == "shellseam"
+            assert init.server_info.version == version("shellseam")
+
+    drive(scenario)
+
+
+def test_tools_carry_annotations_and_bash_an_output_schema(workdir: Path, home: Path) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+
+            bash_tool = tools["bash"]
+            assert bash_tool.annotations is not None
+            assert bash_tool.annotations.destructive_hint is True
+            assert bash_tool.annotations.open_world_hint is True
+            assert bash_tool.annotations.read_only_hint is False
+            for name in ("task_list", "task_output"):
+                annotations = tools[name].annotations
+                assert annotations is not None and annotations.read_only_hint is True
+            schema = bash_tool.output_schema
+            assert schema is not None and schema["type"] == "object"
+            for field in (
+                "exit_code",
+                "signal",
+                "timed_out",
+                "aborted",
+                "stdout_truncated",
+                "stderr_truncated",
+                "stdout_spill_path",
+                "stderr_spill_path",
+                "leftover_killed",
+                "limit_exceeded",
+            ):
+                assert field in schema["properties"], field
+            assert all(tools[n].output_schema is None for n in ("task_list", "task_kill"))
+
+    drive(scenario)
+
+
+def test_bash_results_carry_structured_content(workdir: Path, home: Path) -> None:
+    async def scenario() -> None:
+        async with connect(workdir, home) as (session, _init):
+            # The client validates structuredContent against outputSchema on every call.
+            result = await bash(session, "echo out; echo err >&2; exit 2")
+            assert result.structured_content == {
+                "kind": "foreground",
+                "exit_code": 2,
+                "signal": None,
+                "timed_out": False,
+                "aborted": False,
+                "stdout_truncated": False,
+                "stderr_truncated": False,
+                "stdout_spill_path": None,
+                "stderr_spill_path": None,
+                "leftover_killed": 0,
+                "limit_exceeded": None,
+            }
+            result = await bash(session, "seq 1 100000; sleep 5", timeoutMs=300)
+            content = result.structured_content
+            assert content is not None
+            assert (content["timed_out"], content["signal"], content["exit_code"]) == (
+                True,
+                "SIGTERM",
+                None,
+            )
+            assert content["stdout_truncated"] is True
+            assert Path(content["stdout_spill_path"]).read_text().endswith("99999\n100000\n")
+
+            started = await bash(session, "sleep 0.1", run_in_background=True)
+            assert started.structured_content == {"kind": "background", "task_id": "bash-1"}
+            invalid = await session.call_tool("bash", {"command": ""})
+            assert invalid.is_error and invalid.structured_content == {"kind": "error"}
+
+    drive(scenario)
+
+
+# -- the wire: every bad line gets a JSON-RPC error reply, the server carries on -------------
+
+
+def _send(server: subprocess.Popen[bytes], line: bytes) -> dict[str, Any]:
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(line)
+    server.stdin.flush()
+    reply: dict[str, Any] = json.loads(server.stdout.readline())
+    return reply
+
+
+_PING = b'{"jsonrpc": "2.0", "id": 99, "method": "ping"}\n'
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "reply_id"),
+    [
+        (b"{not json\n", -32700, None),
+        (b'{"jsonrpc": "2.0", "id": 5, "method": "ping"\n', -32700, None),
+        (b'\xff\xfe{"jsonrpc": "2.0", "id": 5, "method": "ping"}\n', -32700, None),
+        (b'{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": "\\ud800"}}\n', -32600, 7),
+        (b'{"jsonrpc": "2.0", "id": "\\udfff", "method": "ping"}\n', -32600, None),
+        (b'{"hello": "world", "id": 8}\n', -32600, 8),
+        (b"[1, 2, 3]\n", -32600, None),
+        (b"[" * 100_000 + b"\n", -32700, None),
+    ],
+)
+def test_a_bad_line_gets_an_error_reply_and_the_server_carries_on(
+    workdir: Path, home: Path, line: bytes, code: int, reply_id: int | None
+) -> None:
+    with _raw_server(workdir, home) as server:
+        reply = _send(server, line)
+        assert reply["jsonrpc"] == "2.0" and reply["id"] == reply_id
+        assert reply["error"]["code"] == code and reply["error"]["message"]
+        assert _send(server, _PING) == {"jsonrpc": "2.0", "id": 99, "result": {}}
+
+
+def test_an_over_long_line_is_answered_and_skipped(workdir: Path, home: Path) -> None:
+    with _raw_server(workdir, home) as server:
+        assert server.stdin is not None and server.stdout is not None
+        # 65 MiB of a request that never ends, written in pieces, then its newline.
+        server.stdin.write(b'{"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"x": "')
+        piece = b"a" * 2**20
+        for _ in range(65):
+            server.stdin.write(piece)
+        reply = _send(server, b'"}}\n')
+        assert reply["id"] is None and reply["error"]["code"] == -32600
+        assert "64 MiB" in reply["error"]["message"]
+        assert _send(server, _PING) == {"jsonrpc": "2.0", "id": 99, "result": {}}
+        server.stdin.close()
+        assert server.wait(timeout=10) == 0
+
+
+def test_no_network_needs_a_confining_sandbox_and_takes_tcp_away(workdir: Path, home: Path) -> None:
+    unconfined = subprocess.run(
+        [*server_command(workdir, home), "--no-network"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert unconfined.returncode == 2 and unconfined.stdout == ""
+    assert unconfined.stderr == (
+        "shellseam mcp: --no-network needs a confining mode: read-only or workspace-write\n"
+    )
+
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        connect_tcp = (
+            f"{sys.executable} -c 'import socket; "
+            f'socket.create_connection(("127.0.0.1", {port}))\''
+        )
+
+        async def scenario() -> None:
+            for extra, expected_exit in (("", 0), ("--no-network", 1)):
+                executable, *args = server_command(workdir, home, "workspace-write")
+                params = StdioServerParameters(
+                    command=executable,
+                    args=[*args, *([extra] if extra else [])],
+                    env={"PYTHONPATH": os.pathsep.join(sys.path)},
+                )
+                async with (
+                    stdio_client(params) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+                    result = await bash(session, connect_tcp)
+                    assert result.structured_content is not None
+                    assert result.structured_content["exit_code"] == expected_exit, texts(result)
+
+        drive(scenario)
+
+
+def test_ray_address_without_the_ray_backend_is_a_one_line_hint(workdir: Path) -> None:
+    code = (
+        "import sys; sys.modules['shellseam.ray'] = None; sys.modules['ray'] = None; "
+        "from shellseam.cli import main; "
+        f"sys.exit(main(['mcp', '--workdir', {str(workdir)!r}, '--ray-address', 'auto']))"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == (
+        "shellseam: running commands on a Ray cluster needs the 'ray' extra: "
+        "pip install 'shellseam[ray]'\n"
+    )
+
+
+# -- the line checker as a pure function (hypothesis) ----------------------------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    st.binary(max_size=64) | st.text(max_size=64).map(lambda t: t.encode("utf-8", "surrogatepass"))
+)
+def test_check_line_never_raises_and_every_refusal_is_a_json_rpc_error(line: bytes) -> None:
+    text, reply = check_line(line)
+    assert text is None or reply is None
+    if reply is not None:
+        parsed = json.loads(reply)
+        assert parsed["jsonrpc"] == "2.0" and set(parsed) == {"jsonrpc", "id", "error"}
+        assert parsed["error"]["code"] in (-32700, -32600)
+        assert reply.encode("utf-8")  # the reply itself is always valid UTF-8
+    elif text is not None:
+        types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+
+
+@given(
+    st.one_of(st.integers(min_value=-(2**53), max_value=2**53), st.text(max_size=8)),
+    st.sampled_from(["ping", "tools/list", "tools/call"]),
+    st.dictionaries(st.text(max_size=5), _json_values, max_size=3),
+)
+def test_check_line_passes_every_well_formed_request(
+    request_id: int | str, method: str, params: dict[str, Any]
+) -> None:
+    message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+    line = json.dumps(message).encode()
+    assert check_line(line) == (line.decode(), None)
+
+
+def test_a_workspace_holding_the_cache_still_gets_spill_files(workdir: Path, home: Path) -> None:
+    executable, *args = server_command(workdir, home, "workspace-write")
+    params = StdioServerParameters(
+        command=executable,
+        args=args,
+        env={"PYTHONPATH": os.pathsep.join(sys.path), "XDG_CACHE_HOME": str(workdir / ".cache")},
+    )
+
+    async def scenario() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await bash(session, "seq 1 100000")
+            content = result.structured_content
+            assert content is not None and content["exit_code"] == 0, texts(result)
+            spill = Path(content["stdout_spill_path"])
+            assert not spill.is_relative_to(workdir)
+            assert spill.read_text().endswith("99999\n100000\n")
+
+    drive(scenario)

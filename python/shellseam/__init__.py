@@ -5,6 +5,8 @@ Landlock-sandboxed executors, the task runtime, the model-facing ``bash`` tool a
 rendering. See README.md for the two-minute tour.
 """
 
+from importlib import metadata as _metadata
+
 from .abort import AbortController, AbortSignal
 from .errors import ShellError
 from .executor import ShellExecutor
@@ -42,7 +44,11 @@ from .types import (
     ShellSandboxInfo,
 )
 
-__version__ = "0.1.0"
+try:
+    # Single-sourced: Cargo.toml's version, copied into the installed metadata by maturin.
+    __version__: str = _metadata.version("shellseam")
+except _metadata.PackageNotFoundError:  # pragma: no cover - only a bare source tree
+    __version__ = "0+unknown"
 
 __all__ = [
     "AbortController",

@@ -185,7 +185,8 @@ class TaskRuntime:
         task = self._get(task_id, owner)
         if self._observe(task):
             return True
-        timeout_s = None if timeout_ms is None else max(timeout_ms, 0) / 1000
+        # Clamped (2**53 ms, ~285,000 years) so a huge int cannot overflow the float division.
+        timeout_s = None if timeout_ms is None else min(max(timeout_ms, 0), 2**53) / 1000
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(task.handle.wait(), timeout_s)
         return self._observe(task)

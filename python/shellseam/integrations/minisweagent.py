@@ -27,9 +27,8 @@ from minisweagent.environments.local import LocalEnvironment
 from pydantic import BaseModel
 
 from ..executor import ShellExecutor
-from ..local import LocalShellExecutor
+from ..factory import make_executor
 from ..render import join_parts, render_markers
-from ..sandbox import SandboxShellExecutor
 from ..types import SandboxMode, ShellExecRequest, ShellRunResult
 
 # LocalEnvironment gives the shell one pipe for stdout and stderr. shellseam keeps two, so the
@@ -144,9 +143,7 @@ def _build_executor(config: ShellseamEnvironmentConfig) -> ShellExecutor:
         "grace_ms": config.grace_ms,
         "shell": _SHELL_PROGRAMS[config.shell],
     }
-    if config.sandbox is None:
-        return LocalShellExecutor(**shared)
-    return SandboxShellExecutor(mode=config.sandbox, **shared)
+    return make_executor(config.sandbox, **shared)
 
 
 def _exception_entry(e: Exception) -> dict[str, Any]:

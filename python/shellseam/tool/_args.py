@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from ..render import render_error
 from .context import ToolResult
+
+MAX_WAIT_MS = 2**53
 
 
 class ToolInputError(Exception):
@@ -33,6 +36,13 @@ def json_repr(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=repr)
 
 
+def arguments(args: object) -> Mapping[str, Any]:
+    """The call's arguments; a model that sent a JSON array, string or null gets an error."""
+    if not isinstance(args, Mapping):
+        raise ToolInputError(f"invalid arguments: expected an object, got {json_repr(args)}")
+    return args
+
+
 def non_empty_string(value: Any, message: str) -> str:
     """``value`` when it is a string with non-blank content, else ``ToolInputError``."""
     if not isinstance(value, str) or not value.strip():
@@ -45,17 +55,19 @@ def optional_timeout_ms(value: Any) -> int | None:
     if value is None:
         return None
     # bool is an int subclass in Python, but JSON true is not a number.
-    valid = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
+    # A JSON integer may be arbitrarily large (10**400 is valid JSON): test ints as ints,
+    # since math.isfinite would raise OverflowError converting them to float.
+    valid = not isinstance(value, bool) and (
+        (isinstance(value, int) and value > 0)
+        or (isinstance(value, float) and math.isfinite(value) and value > 0)
     )
     if not valid:
         raise ToolInputError(
             f"invalid timeoutMs: expected a positive number, got {json_repr(value)}"
         )
-    whole_ms: int = math.ceil(value)
+    # Executors clamp to their max_timeout_ms; the cap only keeps later float arithmetic
+    # (seconds for asyncio) from overflowing on a 400-digit integer. 2**53 ms: 285,000 years.
+    whole_ms: int = min(math.ceil(value), MAX_WAIT_MS)
     return whole_ms
 
 

@@ -30,6 +30,7 @@ from ..tasks import TaskRuntime
 from ..types import SANDBOX_MODES, SandboxMode, SandboxPolicy, ShellExecRequest
 from ._args import (
     ToolInputError,
+    arguments,
     error_result,
     non_empty_string,
     optional_bool,
@@ -232,6 +233,8 @@ class BashTool:
 
     def present_call(self, args: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """The terminal card's header for a call: command, description and resolved cwd."""
+        if not isinstance(args, Mapping):  # a model's non-object arguments: an empty card
+            args = {}
         command = args.get("command")
         description = args.get("description")
         return {
@@ -246,6 +249,7 @@ class BashTool:
         return {"output": output, "status": status}
 
     def _validate(self, args: Mapping[str, Any], ctx: ToolContext) -> _Call:
+        args = arguments(args)
         command = non_empty_string(
             args.get("command"), "invalid command: expected a non-empty string"
         )

@@ -22,6 +22,7 @@ from ..render import (
 from ..tasks import TaskNotFound, TaskRuntime
 from ._args import (
     ToolInputError,
+    arguments,
     error_result,
     non_empty_string,
     optional_bool,
@@ -35,7 +36,9 @@ _TASK_ID_SCHEMA = {"type": "string", "description": "The id a background start r
 
 
 def _task_id(args: Mapping[str, Any]) -> str:
-    return non_empty_string(args.get("task_id"), "invalid task_id: expected a non-empty string")
+    return non_empty_string(
+        arguments(args).get("task_id"), "invalid task_id: expected a non-empty string"
+    )
 
 
 def _not_found(err: TaskNotFound) -> ToolResult:

@@ -1,0 +1,225 @@
+"""The Ray rows of ``shellseam bench --ray`` (SPEC §9): ``RayShellExecutor`` against its
+own yardsticks, on a local cluster of a head and two worker nodes (started here unless an
+address is given).
+
+- per-call overhead: ``bash -c true`` through the node service, against an empty actor round
+  trip plus a local ``run_sync`` (what the call cannot avoid), target <= 1.15x;
+- 64 in flight spread over the two worker nodes, against 64 local asyncio ``run`` calls:
+  throughput, target >= 0.5x (one machine: this measures overhead, not scale);
+- the spill read rate of ``read_spill`` over a large spill file (information).
+
+Entry point for the bench CLI: ``run(quick, address=None, progress=None) -> list[Row]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pickle
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+# The bench harness's helpers (``shellseam._bench.harness`` once the suite is a package:
+# the same names without the underscore).
+from .bench import Row
+from .bench import _info_row as info_row
+from .bench import _interleaved as interleaved
+from .bench import _interleaved_async as interleaved_async
+from .bench import _median as median
+from .bench import _ratio_row as ratio_row
+from .local import LocalShellExecutor
+from .service import SubprocessService
+from .types import ShellExecRequest
+
+MIB = 1 << 20
+
+
+@contextmanager
+def _cluster(address: str | None) -> Iterator[list[str]]:
+    """Worker node ids of the cluster to measure on (a fresh local one by default)."""
+    import ray
+
+    if address is not None or ray.is_initialized():
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        from .ray.executor import alive_nodes
+
+        alive = alive_nodes()
+        yield alive[-2:]
+        return
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield [w.node_id for w in workers]
+    finally:
+        ray.shutdown()
+        shutdown: Callable[[], None] = cluster.shutdown  # untyped in Ray
+        shutdown()
+
+
+def run(
+    quick: bool,
+    *,
+    address: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    tiny: bool = False,
+) -> list[Row]:
+    """Measures the Ray rows (interleaved, medians) and returns them; ``tiny`` exercises
+    every path in seconds (the smoke test's)."""
+    import ray
+
+    from .ray import RayShellExecutor
+    from .ray import node as ray_node
+    from .ray.protocol import Heartbeat
+
+    sequential_reps = 5 if tiny else 200 if quick else 500
+    inflight_rounds = 1 if tiny else 8 if quick else 20
+    spill_bytes = (2 if tiny else 64) * MIB  # the default max_spill_bytes
+    say = progress or (lambda _m: None)
+    rows: list[Row] = []
+    with _cluster(address) as workers:
+        cwd = tempfile.gettempdir()
+        remote = [RayShellExecutor(node_id=n, cwd=cwd) for n in workers]
+        service = SubprocessService()
+        local = LocalShellExecutor(cwd=cwd, service=service)
+        try:
+            true_remote = remote[0].resolve(ShellExecRequest(command="true"))
+            true_local = local.resolve(ShellExecRequest(command="true"))
+            actor = ray_node.get_or_create(remote[0].node_id)
+
+            def timed(fn: Callable[[], object]) -> Callable[[], float]:
+                def once() -> float:
+                    started = time.perf_counter()
+                    fn()
+                    return time.perf_counter() - started
+
+                return once
+
+            # A protocol message without a command: what the call costs beyond the bare
+            # round trip before any process is spawned (diagnostic).
+            heartbeat = pickle.dumps(("heartbeat", Heartbeat(remote[0].link.client_id)))
+
+            say("ray: sequential `bash -c true` ...")
+            samples = interleaved(
+                {
+                    "ray": timed(lambda: remote[0].run_sync(true_remote)),
+                    "rtt": timed(lambda: ray.get(actor.ping.remote())),
+                    "message": timed(lambda: ray.get(actor.call.remote(heartbeat))),
+                    "local": timed(lambda: local.run_sync(true_local)),
+                },
+                sequential_reps,
+            )
+            ours = median(samples["ray"]) * 1e3
+            rtt = median(samples["rtt"]) * 1e3
+            message = median(samples["message"]) * 1e3
+            here = median(samples["local"]) * 1e3
+            name = "R1 `bash -c true` through RayShellExecutor"
+            rows.append(
+                ratio_row(
+                    name,
+                    "run_sync vs empty actor round trip + local run_sync",
+                    ours,
+                    rtt + here,
+                    "ms",
+                    1.15,
+                    note=f"round trip {rtt:.2f} ms, local {here:.2f} ms",
+                )
+            )
+            rows.append(
+                ratio_row(
+                    name,
+                    "protocol message round trip vs empty (diagnostic)",
+                    message,
+                    rtt,
+                    "ms",
+                    None,
+                )
+            )
+
+            say("ray: 64 in flight ...")
+            n = 64
+            echo = [ex.resolve(ShellExecRequest(command="echo hi")) for ex in remote]
+            echo_local = local.resolve(ShellExecRequest(command="echo hi"))
+
+            async def spread() -> float:
+                started = time.perf_counter()
+                await asyncio.gather(
+                    *(remote[i % len(remote)].run(echo[i % len(remote)]) for i in range(n))
+                )
+                return time.perf_counter() - started
+
+            async def here_async() -> float:
+                started = time.perf_counter()
+                await asyncio.gather(*(local.run(echo_local) for _ in range(n)))
+                return time.perf_counter() - started
+
+            flight = asyncio.run(
+                interleaved_async({"ray": spread, "local": here_async}, inflight_rounds)
+            )
+            rows.append(
+                ratio_row(
+                    f"R2 {n} in flight over {len(remote)} nodes (`echo hi`)",
+                    "throughput vs local asyncio run",
+                    n / median(flight["ray"]),
+                    n / median(flight["local"]),
+                    "cmd/s",
+                    0.5,
+                    higher_is_better=True,
+                )
+            )
+
+            say("ray: spill read rate ...")
+            big = remote[0].run_sync(
+                remote[0].resolve(
+                    ShellExecRequest(
+                        command=f"head -c {spill_bytes} /dev/zero", stdout_max_bytes=1000
+                    )
+                )
+            )
+            path = big.stdout.spill_path
+            if path is None:
+                raise RuntimeError("the benchmark command did not spill")
+            reads = []
+            for _ in range(3):
+                started = time.perf_counter()
+                data = remote[0].read_spill(path)
+                reads.append(time.perf_counter() - started)
+                if len(data) != spill_bytes:
+                    raise RuntimeError(f"read {len(data)} of {spill_bytes} spill bytes")
+                del data
+            rows.append(
+                info_row(
+                    f"R3 read_spill of a {spill_bytes // MIB} MiB spill file",
+                    "read rate",
+                    spill_bytes / MIB / median(reads),
+                    "MiB/s",
+                )
+            )
+        finally:
+            service.dispose()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shellseam._bench_ray [--quick] [--ray-address ADDR]``."""
+    from .bench import format_table
+
+    parser = argparse.ArgumentParser(prog="shellseam bench --ray")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ray-address", default=None)
+    args = parser.parse_args(argv)
+    rows = run(args.quick, address=args.ray_address, progress=lambda m: print(m, file=sys.stderr))
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

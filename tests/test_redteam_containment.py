@@ -1,0 +1,313 @@
+"""Red team: a command that tries to outlive its call, reach another call, or widen a later one.
+
+Every test makes the attack as a hostile model's command would and asserts the secure
+outcome; the one that still succeeds is a strict xfail naming the hole. Every process a
+test could leave behind is killed in `finally`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import process_alive, run
+from shellseam import (
+    LocalShellExecutor,
+    ResourceLimits,
+    SandboxShellExecutor,
+    ShellExecRequest,
+    SubprocessService,
+    landlock_abi,
+)
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="the attack needs a root harness")
+needs_landlock = pytest.mark.skipif(landlock_abi() < 6, reason="needs Landlock signal scoping")
+V2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+
+
+@pytest.fixture
+def box() -> Iterator[dict[str, str]]:
+    ws = tempfile.mkdtemp(prefix="shellseam-rt-", dir="/tmp")
+    base = tempfile.mkdtemp(prefix="shellseam-rt-", dir="/var/tmp")
+    try:
+        yield {"ws": ws, "spill": os.path.join(base, "spill"), "base": base}
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def svc(box: dict[str, str]) -> Iterator[SubprocessService]:
+    service = SubprocessService(spill_parent=box["spill"])
+    try:
+        yield service
+    finally:
+        service.dispose()
+
+
+def sandbox(box: dict[str, str], svc: SubprocessService, **config: object) -> SandboxShellExecutor:
+    return SandboxShellExecutor(cwd=box["ws"], grace_ms=300, service=svc, **config)  # type: ignore[arg-type]
+
+
+def read_pid(path: str, within_s: float = 5.0) -> int:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                text = f.read()
+            if text.endswith("\n"):
+                return int(text)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never written")
+
+
+def kill_quietly(pid: int | None) -> None:
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _escape_to_root_cgroup(marker: str) -> str:
+    """Leave the session and move into the root of every cgroup hierarchy, then linger."""
+    moves = f"for f in {V2}/cgroup.procs /sys/fs/cgroup/*/cgroup.procs; do echo $$ > $f; done"
+    return (
+        f"setsid -f sh -c '{moves} 2>/dev/null; echo $$ > {marker}.tmp; "
+        f"mv {marker}.tmp {marker}; exec sleep 30'; sleep 0.3"
+    )
+
+
+# Attack: an unconfined root command (LocalShellExecutor, or danger-full-access) writes its pid
+# into the root cgroup's cgroup.procs (v2 and v1) and leaves the session: neither cgroup.kill
+# nor the session kill finds it, and it outlives the call. CLONE_NEWCGROUP does not stop it
+# here (the unified hierarchy is not mounted with nsdelegate), and a root command could setns
+# back anyway: containment of a hostile *root, unconfined* command needs confinement.
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an unconfined root command escapes its call's cgroup by writing the root "
+    "cgroup.procs (v2 and v1) and survives the call",
+)
+def test_unconfined_root_command_cannot_leave_its_cgroup(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = LocalShellExecutor(cwd=box["ws"], grace_ms=300, service=svc)
+    marker = os.path.join(box["ws"], "escaped")
+    pid = None
+    try:
+        run(ex, _escape_to_root_cgroup(marker))
+        pid = read_pid(marker)
+        time.sleep(0.2)
+        assert not process_alive(pid), "the escaped process outlived its call"
+    finally:
+        kill_quietly(pid)
+
+
+# The same attack from a confined command: Landlock refuses every write under /sys, so the
+# process stays in its call's cgroup and dies with it.
+@needs_root
+@needs_landlock
+@pytest.mark.parametrize("mode", ["workspace-write", "read-only"])
+def test_confined_command_cannot_leave_its_cgroup(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    ex = sandbox(box, svc, mode=mode)
+    # read-only cannot write a marker in the workspace: it reports through stdout instead.
+    cmd = (
+        f"setsid -f sh -c 'echo $$ > {V2}/cgroup.procs || echo refused; "
+        f"echo $$ > /sys/fs/cgroup/pids/cgroup.procs || echo refused; echo pid=$$; exec sleep 30'"
+        "; sleep 0.3"
+    )
+    r = run(ex, cmd)
+    out = r.stdout.text
+    pid = int(out.split("pid=")[1].split()[0])
+    try:
+        assert out.count("refused") == 2, out
+        assert r.leftover_killed == 1
+        assert not process_alive(pid)
+    finally:
+        kill_quietly(pid)
+
+
+@needs_root
+@needs_landlock
+def test_confined_call_cannot_reach_a_sibling_calls_processes(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc)
+    victim = ex.start(ex.resolve(ShellExecRequest(command="echo $$ > victim; exec sleep 30")))
+    try:
+        pid = read_pid(os.path.join(box["ws"], "victim"))
+        with open(f"/proc/{pid}/cgroup") as f:
+            v2 = next(line[3:].strip() for line in f if line.startswith("0::"))
+        assert v2 != "/"
+        attack = (
+            f"kill -9 -{pid} || echo refused; kill -9 {pid} || echo refused; "
+            f"echo 1 > {V2}{v2}/cgroup.kill || echo refused; "
+            f"echo 1 > {V2}{v2}/cgroup.freeze || echo refused; "
+            f"echo $$ > {V2}{v2}/cgroup.procs || echo refused; "
+            f"echo 1 > {V2}{os.path.dirname(v2)}/cgroup.kill || echo refused"
+        )
+        r = run(ex, attack)
+        assert r.stdout.text == "refused\n" * 6
+        time.sleep(0.1)
+        assert process_alive(pid)
+        assert victim.status == "running"
+    finally:
+        victim.kill()
+        victim.wait_sync(10)
+
+
+@needs_root
+@needs_landlock
+def test_confined_command_cannot_touch_the_keeper(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    os.environ["SHELLSEAM_RT_SECRET_TOKEN"] = "hunter2-keeper"
+    try:
+        ex = sandbox(box, svc)
+        run(ex, "true")
+        keeper = svc.keeper_pid
+        assert keeper is not None
+        attack = (
+            f"cat /proc/{keeper}/environ; readlink /proc/{keeper}/fd/0; "
+            f"cat /proc/{keeper}/maps; kill -STOP {keeper} || echo refused; "
+            f"kill -9 {keeper} || echo refused"
+        )
+        r = run(ex, attack)
+        assert "hunter2" not in r.stdout.text + r.stderr.text
+        assert r.stdout.text == "refused\nrefused\n"
+        with open(f"/proc/{keeper}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] in "SR"  # alive, not stopped
+    finally:
+        del os.environ["SHELLSEAM_RT_SECRET_TOKEN"]
+
+
+# Attack: a workspace-write call plants a poisoned pip/npm/XDG cache; an escalated
+# danger-full-access call (approved by the user) must not pick it up.
+def test_the_sandbox_cache_never_reaches_an_unconfined_call(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    if landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    confined = sandbox(box, svc)
+    planted = run(confined, "echo $XDG_CACHE_HOME; touch $PIP_CACHE_DIR/poison")
+    cache = planted.stdout.text.strip()
+    assert cache and os.path.exists(os.path.join(cache, "poison"))
+    danger = sandbox(box, svc, mode="danger-full-access")
+    names = "XDG_CACHE_HOME PIP_CACHE_DIR npm_config_cache"
+    r = run(danger, f"for n in {names}; do printenv $n; done; echo end")
+    assert cache not in r.stdout.text
+    local = LocalShellExecutor(cwd=box["ws"], grace_ms=300, service=svc)
+    assert cache not in run(local, f"for n in {names}; do printenv $n; done").stdout.text
+
+
+# Attack: reach the harness's own descriptors (an MCP server's JSON-RPC stdout: forge a reply
+# to the client; its stdin: steal the client's next request) through /proc/<pid>/fd.
+@needs_landlock
+def test_confined_command_cannot_open_the_harness_fds(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc)
+    me = os.getpid()
+    r = run(
+        ex,
+        f"for n in 0 1 2; do echo forged > /proc/{me}/fd/$n || echo refused; done; "
+        f"head -c 1 /proc/{me}/fd/0 || echo refused",
+    )
+    assert r.stdout.text == "refused\n" * 4
+
+
+# Attack: a workdir that is a symlink (planted by an earlier call) to a directory outside the
+# workspace; `..` climbing out. The working directory never widens what may be written.
+def test_a_symlinked_or_climbing_workdir_grants_no_writes(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    if landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    outside = os.path.join(box["base"], "outside")
+    os.mkdir(outside)
+    ex = sandbox(box, svc)
+    assert run(ex, f"ln -s {outside} link").exit_code == 0
+    for workdir in (os.path.join(box["ws"], "link"), os.path.join(box["ws"], "..", "..", outside)):
+        r = run(ex, "echo pwned > file; pwd -P", workdir=workdir)
+        assert r.exit_code == 0 and r.stdout.text == f"{outside}\n"
+        assert "Permission denied" in r.stderr.text
+    assert os.listdir(outside) == []
+
+
+# Attack: the same move defeats a memory limit: an unconfined root command joins the root
+# v1 memory cgroup (and the root v2 cgroup) and allocates past `memory_bytes`.
+@needs_root
+@pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/memory"), reason="needs v1 memory")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an unconfined root command leaves its memory cgroup and escapes memory_bytes",
+)
+def test_unconfined_root_command_cannot_escape_its_memory_limit(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = LocalShellExecutor(
+        cwd=box["ws"], grace_ms=300, service=svc, limits=ResourceLimits(memory_bytes=64 * 2**20)
+    )
+    grow = f"{sys.executable} -c 'b = bytearray(160 * 2**20); print(len(b))'"
+    r = run(
+        ex,
+        f"echo $$ > /sys/fs/cgroup/memory/cgroup.procs; echo $$ > {V2}/cgroup.procs; {grow}",
+    )
+    assert r.resources is not None
+    assert r.resources.limit_exceeded == "memory"
+    assert r.stdout.text == ""
+
+
+def _marked(token: str) -> list[int]:
+    """Live processes whose environment carries `token` (the test's own marker)."""
+    found = []
+    needle = f"RT_MARK={token}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and process_alive(int(name)):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+# Attack: the classic fork bomb. Under a process limit the call still ends (at its timeout),
+# reports the limit, and leaves nothing behind.
+@pytest.mark.parametrize("confined", [False, True])
+def test_a_fork_bomb_ends_with_its_call(
+    box: dict[str, str], svc: SubprocessService, confined: bool
+) -> None:
+    if confined and landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    limits = ResourceLimits(max_processes=64)
+    ex = (
+        sandbox(box, svc, limits=limits)
+        if confined
+        else LocalShellExecutor(cwd=box["ws"], grace_ms=300, service=svc, limits=limits)
+    )
+    token = os.urandom(8).hex()
+    try:
+        r = run(ex, "bomb() { bomb | bomb & }; bomb; wait", timeout_ms=3000, env={"RT_MARK": token})
+        assert r.timed_out or r.exit_code is not None
+        assert r.resources is not None
+        if r.resources.enforcement == "tree":
+            assert r.resources.limit_exceeded == "processes"
+        assert _marked(token) == []
+    finally:
+        for pid in _marked(token):
+            kill_quietly(pid)

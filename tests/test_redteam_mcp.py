@@ -1,0 +1,150 @@
+"""Red team on the MCP server's wire: messages a hostile or broken client sends.
+
+Before the fix, a line the SDK could not parse (malformed JSON, a lone surrogate, JSON that
+is not JSON-RPC) got no reply at all: the client waited forever for its request's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_INITIALIZE = (
+    b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": '
+    b'"2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}\n'
+)
+
+
+class Wire:
+    def __init__(self, server: subprocess.Popen[bytes]) -> None:
+        self.server = server
+
+    def send(self, line: bytes) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.write(line + b"\n")
+        self.server.stdin.flush()
+
+    def reply(self, within_s: float = 20.0) -> dict[str, Any]:
+        assert self.server.stdout is not None
+        ready, _, _ = select.select([self.server.stdout], [], [], within_s)
+        assert ready, "no reply from the server"
+        message: dict[str, Any] = json.loads(self.server.stdout.readline())
+        return message
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Iterator[Wire]:
+    workdir, home = tmp_path / "ws", tmp_path / "home"
+    workdir.mkdir()
+    command = [sys.executable, "-m", "shellseam.cli", "mcp", "--workdir", str(workdir)]
+    server = subprocess.Popen(
+        [*command, "--home", str(home)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        w = Wire(server)
+        w.send(_INITIALIZE.rstrip(b"\n"))
+        assert "serverInfo" in w.reply()["result"]
+        w.send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        yield w
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+        assert server.stdout is not None and server.stdin is not None
+        server.stdout.close()
+        server.stdin.close()
+
+
+def tool_call(request_id: int, arguments: bytes) -> bytes:
+    return (
+        b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"bash",'
+        b'"arguments":%s}}' % (request_id, arguments)
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "reply_id", "code"),
+    [
+        # A lone surrogate in a tool argument: the request id is known, so it is answered.
+        (tool_call(5, b'{"command":"echo \\ud800","description":"d"}'), 5, -32700),
+        (b'{"jsonrpc":"2.0","id":"s","method":"tools/list","params":{"x":"\\udc80"}}', "s", -32700),
+        (b"{not json", None, -32700),
+        (b"\xff\xfe{", None, -32700),
+        (b'{"id": 9, "hello": 1}', 9, -32600),
+        (b"[1, 2]", None, -32600),
+    ],
+)
+def test_every_malformed_message_gets_an_error_reply(
+    wire: Wire, line: bytes, reply_id: object, code: int
+) -> None:
+    wire.send(line)
+    reply = wire.reply()
+    # SPEC asks for a JSON-RPC error reply; a line whose JSON carries an id is answered with
+    # it. (A lone surrogate in valid JSON may be called a parse error or an invalid request.)
+    assert reply["jsonrpc"] == "2.0" and reply["id"] == reply_id
+    assert reply["error"]["code"] in ({code} if reply_id is None else {-32700, -32600})
+    assert reply["error"]["message"]
+    # ... and the connection keeps serving.
+    wire.send(tool_call(6, b'{"command":"echo ok","description":"d"}'))
+    reply = wire.reply()
+    assert reply["id"] == 6
+    assert reply["result"]["content"][0]["text"] == "ok\n[exit code: 0]"
+
+
+def test_model_arguments_of_odd_types_over_the_wire(wire: Wire) -> None:
+    cases = [
+        (
+            b'{"command":"echo hi","description":"d","timeoutMs":1' + b"0" * 400 + b"}",
+            "hi\n[exit code: 0]",
+        ),
+        (
+            b'{"command":"echo hi","description":"d","timeoutMs":"abc"}',
+            'Error: invalid timeoutMs: expected a positive number, got "abc"',
+        ),
+        (
+            b'{"command":"echo hi","description":"d","workdir":7}',
+            "Error: invalid workdir: expected a string",
+        ),
+        (
+            b'{"command":"echo \\u0000x","description":"d"}',
+            "Error: invalid request: command contains a NUL byte",
+        ),
+        (
+            b'{"command":["echo"],"description":"d"}',
+            "Error: invalid command: expected a non-empty string",
+        ),
+    ]
+    for n, (arguments, text) in enumerate(cases):
+        wire.send(tool_call(100 + n, arguments))
+        reply = wire.reply()
+        assert reply["id"] == 100 + n
+        assert reply["result"]["content"][0]["text"] == text
+
+
+def test_an_over_long_line_is_answered_and_skipped(wire: Wire) -> None:
+    # SPEC §6: over 64 MiB is answered with an error and skipped, never a crash. Before the
+    # fix the limit was 256 MiB and a longer line ended the connection.
+    filler = b"x" * (64 * 2**20 + 10)
+    wire.send(tool_call(41, b'{"command":"echo %s","description":"d"}' % filler))
+    reply = wire.reply(60)
+    assert reply["id"] in (41, None)
+    assert reply["error"]["code"] in (-32700, -32600)
+    assert "64 MiB" in reply["error"]["message"]
+    wire.send(tool_call(42, b'{"command":"echo ok","description":"d"}'))
+    reply = wire.reply()
+    assert reply["id"] == 42
+    assert reply["result"]["content"][0]["text"] == "ok\n[exit code: 0]"
+
+
+def test_a_long_line_under_the_limit_still_runs(wire: Wire) -> None:
+    payload = b"y" * (8 * 2**20)
+    wire.send(tool_call(43, b'{"command":"printf %%s %s | wc -c","description":"d"}' % payload))
+    reply = wire.reply(60)
+    assert reply["result"]["content"][0]["text"] == f"{len(payload)}\n[exit code: 0]"
