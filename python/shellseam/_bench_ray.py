@@ -22,14 +22,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-# The bench harness's helpers (``shellseam._bench.harness`` once the suite is a package:
-# the same names without the underscore).
-from .bench import Row
-from .bench import _info_row as info_row
-from .bench import _interleaved as interleaved
-from .bench import _interleaved_async as interleaved_async
-from .bench import _median as median
-from .bench import _ratio_row as ratio_row
+# The bench harness's helpers.
+from ._bench.harness import (
+    Row,
+    info_row,
+    interleaved,
+    interleaved_async,
+    median,
+    ratio_row,
+)
 from .local import LocalShellExecutor
 from .service import SubprocessService
 from .types import ShellExecRequest
@@ -210,7 +211,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m shellseam._bench_ray [--quick] [--ray-address ADDR]``."""
-    from .bench import format_table
+    from ._bench.table import format_table
 
     parser = argparse.ArgumentParser(prog="shellseam bench --ray")
     parser.add_argument("--quick", action="store_true")
