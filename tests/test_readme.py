@@ -33,11 +33,14 @@ def _section(title: str) -> str:
     return text[start : end if end >= 0 else None]
 
 
-def test_readme_opens_with_what_it_is_and_pip_install() -> None:
+def test_readme_opens_with_what_it_is_then_the_two_setup_commands() -> None:
+    # What shellseam is, then the two commands that work on a fresh machine (the package is
+    # not on PyPI yet, so `pip install shellseam` follows in its own section).
     text = README.read_text()
     first_section = text[: text.index("\n## ")]
     assert "runs shell commands for LLM agents" in first_section
-    assert _blocks("sh")[0].strip() == "pip install shellseam"
+    assert _blocks("sh")[0].strip().splitlines() == ["make run", "make test"]
+    assert _blocks("sh", _section("Install"))[0].strip() == "pip install shellseam"
 
 
 def test_from_source_starts_with_the_two_setup_commands() -> None:

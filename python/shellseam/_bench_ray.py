@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-# The bench harness's helpers.
 from ._bench.harness import (
     Row,
     info_row,

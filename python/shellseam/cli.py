@@ -275,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="run only this benchmark (repeatable)",
     )
+    bench.add_argument(
+        "--ray",
+        action="store_true",
+        help="the Ray rows instead (a fresh local cluster, or --ray-address; needs shellseam[ray])",
+    )
+    bench.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster for --ray")
     return parser
 
 
@@ -394,6 +400,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     argv = ["--quick"] if args.quick else []
     for name in args.only or ():
         argv += ["--only", name]
+    if args.ray or args.ray_address:
+        argv.append("--ray")
+        if args.ray_address:
+            argv += ["--ray-address", args.ray_address]
     return bench_main(argv)
 
 

@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", action="extend", nargs="+", choices=BENCHES, help="run only these benchmarks"
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    parser.add_argument("--ray", action="store_true", help="the Ray rows (shellseam[ray])")
+    parser.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster for --ray")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "ARGS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -53,7 +55,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_rows(new_rows, after=after), flush=True)
         shown.extend(new_rows)
 
-    rows = run(args.quick, only=args.only, progress=note, on_rows=show)
+    if args.ray or args.ray_address:
+        from .. import _bench_ray
+
+        try:
+            rows = _bench_ray.run(args.quick, address=args.ray_address, progress=note)
+        except ImportError:
+            print("shellseam: the Ray rows need Ray: pip install 'shellseam[ray]'", file=sys.stderr)
+            return 2
+        show(rows)
+    else:
+        rows = run(args.quick, only=args.only, progress=note, on_rows=show)
     print()
     print(format_summary(rows))
     print(f"({time.perf_counter() - started:.0f} s)")
