@@ -2,10 +2,12 @@
 //!
 //! The collector keeps the stream's head in memory until it outgrows `cap`; at that moment
 //! it opens a spill file, writes everything so far (byte 0 onwards) and from then on streams
-//! every chunk to the file, up to `spill_cap`. Memory holds only the last `cap` bytes
-//! (physically at most twice that, so that trimming is amortised O(1) per byte). A consuming
-//! cursor serves background reads: unread bytes older than the tail are dropped and flagged.
+//! every chunk to the file, up to `spill_cap`. Memory holds only the last `cap` bytes, in a
+//! ring of exactly `cap` bytes once full: each byte is copied into it at most once (a 1 GiB
+//! stream is 1 GiB of copying, not 2 with a trimmed buffer). A consuming cursor serves
+//! background reads: unread bytes older than the tail are dropped and flagged.
 
+use std::borrow::Cow;
 use std::io;
 use std::path::PathBuf;
 
@@ -22,7 +24,10 @@ pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(SpillFile, PathBuf
 pub struct Collector {
     cap: usize,
     spill_cap: u64,
-    buf: Vec<u8>,
+    /// The last `min(total, cap)` bytes; once it holds `cap` bytes it is a ring whose
+    /// oldest byte sits at `ring_start`.
+    ring: Vec<u8>,
+    ring_start: usize,
     total: u64,
     spill_file: Option<SpillFile>,
     spill_pending: Vec<u8>,
@@ -56,7 +61,8 @@ impl Collector {
         Self {
             cap: cap.max(1),
             spill_cap,
-            buf: Vec::new(),
+            ring: Vec::new(),
+            ring_start: 0,
             total: 0,
             spill_file: None,
             spill_pending: Vec::new(),
@@ -76,14 +82,28 @@ impl Collector {
         self.total > self.cap as u64
     }
 
-    /// Offset of the first byte still held in `buf`.
-    fn buf_start(&self) -> u64 {
-        self.total - self.buf.len() as u64
+    /// Offset of the first byte of the tail (the last `cap` bytes).
+    fn window_start(&self) -> u64 {
+        self.total - self.ring.len() as u64
     }
 
-    /// Offset of the first byte of the logical tail (the last `cap` bytes).
-    fn window_start(&self) -> u64 {
-        self.total - (self.buf.len().min(self.cap) as u64)
+    /// Keeps the last `cap` bytes of the stream, `chunk` being its newest bytes.
+    fn push_tail(&mut self, chunk: &[u8]) {
+        let cap = self.cap;
+        let mut chunk = &chunk[chunk.len().saturating_sub(cap)..];
+        if self.ring.len() < cap {
+            let take = (cap - self.ring.len()).min(chunk.len());
+            self.ring.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+        }
+        if chunk.is_empty() {
+            return;
+        }
+        // Full: the newest bytes overwrite the oldest, from `ring_start` round the end.
+        let first = chunk.len().min(cap - self.ring_start);
+        self.ring[self.ring_start..self.ring_start + first].copy_from_slice(&chunk[..first]);
+        self.ring[..chunk.len() - first].copy_from_slice(&chunk[first..]);
+        self.ring_start = (self.ring_start + chunk.len()) % cap;
     }
 
     pub fn push(&mut self, chunk: &[u8], open_spill: SpillOpener<'_>) {
@@ -96,30 +116,23 @@ impl Collector {
             // Already spilling (or the capped/failed file is closed: write_spill no-ops).
             self.write_spill(chunk);
         } else if self.total > self.cap as u64 && !self.spill_failed {
-            // Nothing was dropped yet (before <= cap), so buf holds the complete head.
-            debug_assert_eq!(before, self.buf.len() as u64);
+            // Nothing was dropped yet (before <= cap): the ring holds the complete head, in
+            // order (it has not wrapped).
+            debug_assert_eq!(before, self.ring.len() as u64);
+            debug_assert_eq!(self.ring_start, 0);
             match open_spill() {
                 Ok((file, path)) => {
                     self.spill_file = Some(file);
                     self.spill_path = Some(path);
-                    let head = std::mem::take(&mut self.buf);
+                    let head = std::mem::take(&mut self.ring);
                     self.write_spill(&head);
-                    self.buf = head;
+                    self.ring = head;
                     self.write_spill(chunk);
                 }
                 Err(_) => self.spill_failed = true,
             }
         }
-        if chunk.len() >= self.cap {
-            self.buf.clear();
-            self.buf.extend_from_slice(&chunk[chunk.len() - self.cap..]);
-        } else {
-            self.buf.extend_from_slice(chunk);
-            if self.buf.len() > 2 * self.cap {
-                let excess = self.buf.len() - self.cap;
-                self.buf.drain(..excess);
-            }
-        }
+        self.push_tail(chunk);
     }
 
     fn write_spill(&mut self, bytes: &[u8]) {
@@ -168,19 +181,24 @@ impl Collector {
         }
     }
 
-    /// The logical tail as raw bytes.
-    pub fn tail_bytes(&self) -> &[u8] {
-        let keep = self.buf.len().min(self.cap);
-        &self.buf[self.buf.len() - keep..]
+    /// The tail as raw bytes, oldest first (a copy only when the ring has wrapped).
+    pub fn tail_bytes(&self) -> Cow<'_, [u8]> {
+        if self.ring_start == 0 {
+            return Cow::Borrowed(&self.ring);
+        }
+        let mut tail = Vec::with_capacity(self.ring.len());
+        tail.extend_from_slice(&self.ring[self.ring_start..]);
+        tail.extend_from_slice(&self.ring[..self.ring_start]);
+        Cow::Owned(tail)
     }
 
     pub fn collected(&self) -> Collected {
         let truncated = self.truncated();
-        let tail = self.tail_bytes();
+        let whole = self.tail_bytes();
         let tail = if truncated {
-            utf8::skip_partial_start(tail)
+            utf8::skip_partial_start(&whole)
         } else {
-            tail
+            &whole
         };
         Collected {
             text: String::from_utf8_lossy(tail).into_owned(),
@@ -197,18 +215,21 @@ impl Collector {
         let window = self.window_start();
         let lossy = self.read_pos < window;
         let start = self.read_pos.max(window);
-        let from = (start - self.buf_start()) as usize;
-        let mut bytes = &self.buf[from..];
+        let from = (start - window) as usize;
+        let tail = self.tail_bytes();
+        let mut bytes = &tail[from..];
         if lossy {
             bytes = utf8::skip_partial_start(bytes);
         }
-        let skipped = (self.buf.len() - from - bytes.len()) as u64;
+        let skipped = (tail.len() - from - bytes.len()) as u64;
         if !final_read {
             bytes = utf8::trim_partial_end(bytes);
         }
-        self.read_pos = start + skipped + bytes.len() as u64;
+        let read_pos = start + skipped + bytes.len() as u64;
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        self.read_pos = read_pos;
         Delta {
-            text: String::from_utf8_lossy(bytes).into_owned(),
+            text,
             lossy,
             spill_path: self.spill_path.clone(),
         }
@@ -280,6 +301,21 @@ mod tests {
         let path = got.spill_path.unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"0123456789012345678901234");
         spill.remove().unwrap();
+    }
+
+    #[test]
+    fn ring_holds_the_last_cap_bytes_across_wraps() {
+        // Chunk sizes around and across the cap: the tail is always the stream's last bytes.
+        let mut c = Collector::new(7, 0);
+        let mut open = no_spill();
+        let mut stream = Vec::new();
+        for (i, len) in [1, 6, 7, 3, 8, 15, 2, 7, 1, 1, 13].iter().enumerate() {
+            let chunk: Vec<u8> = (0..*len).map(|k| b'a' + ((i * 5 + k) % 26) as u8).collect();
+            c.push(&chunk, &mut open);
+            stream.extend_from_slice(&chunk);
+            let keep = stream.len().min(7);
+            assert_eq!(&*c.tail_bytes(), &stream[stream.len() - keep..]);
+        }
     }
 
     #[test]

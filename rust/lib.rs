@@ -11,6 +11,7 @@ pub mod confine;
 pub mod contain;
 pub mod env;
 pub mod errors;
+pub mod floor;
 pub mod forksafe;
 pub mod keeper;
 pub mod kill;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::contain::CpuCheck;
 use crate::forksafe::ForkClosed;
-use crate::pipes::OutStream;
+use crate::pipes::{Drain, OutStream};
 use crate::process::{LeaderExit, Proc, ProcState};
 use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
 
@@ -87,7 +87,7 @@ pub(crate) fn drain_stream(
     st: &mut ProcState,
     is_out: bool,
     scratch: &mut [u8],
-    final_pass: bool,
+    mode: Drain,
 ) {
     let label = if is_out { "stdout" } else { "stderr" };
     let shared = &proc.shared;
@@ -97,8 +97,8 @@ pub(crate) fn drain_stream(
         file
     };
     let s = stream(st, is_out);
-    let close = s.drain(scratch, final_pass, &mut open_spill);
-    if close || final_pass {
+    let close = s.drain(scratch, mode, &mut open_spill);
+    if close || mode == Drain::Final {
         if let Some(fd) = s.fd.take().map(ForkClosed::into_inner) {
             shared.unwatch(&fd, s.key.take());
         }
@@ -129,7 +129,11 @@ fn close_pidfd(proc: &Proc, st: &mut ProcState) {
 /// The pidfd became readable: read the leader's status, leaving it a zombie. An unreaped
 /// leader keeps its pid, and so the group's number, from being reused: the drain and the
 /// leftover kill can never signal a group that is no longer the call's. `finish` reaps it.
+/// Once: a waiting caller and the supervisor may both have seen the exit.
 pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
+    if st.leader.is_some() {
+        return;
+    }
     match peek_exit(proc.pid) {
         Peeked::Exited(status) => st.leader = Some(LeaderExit::Zombie(status)),
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
@@ -171,6 +175,28 @@ pub(crate) fn advance(proc: &Proc, st: &mut ProcState, now: Instant) {
         }
         Phase::Draining if pipes_closed(st) => begin_reap(proc, st, now),
         _ => {}
+    }
+}
+
+/// A waiting caller saw the leader's pidfd fire: settle the process in the caller's thread
+/// exactly as the supervisor would (reap, take what the pipes hold, move on), saving the
+/// hand-off of supervisor wake-up then caller wake-up. Whatever is left to wait for (a
+/// drain grace, leftovers) goes back to the supervisor, woken to pick up its timers.
+pub(crate) fn settle_exited(proc: &Proc, st: &mut ProcState) {
+    if st.phase != Phase::Running {
+        return;
+    }
+    reap_leader(proc, st);
+    if st.leader.is_none() {
+        return;
+    }
+    let mut scratch = [0u8; 16 * 1024];
+    drain_stream(proc, st, true, &mut scratch, Drain::UntilEmpty);
+    drain_stream(proc, st, false, &mut scratch, Drain::UntilEmpty);
+    let now = Instant::now();
+    advance(proc, st, now);
+    if st.phase != Phase::Done {
+        proc.shared.wake_supervisor();
     }
 }
 
@@ -251,8 +277,8 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
 fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     // Whatever already sits in the pipes was produced: keep it, then let go of the pipes.
     let mut scratch = vec![0u8; 64 * 1024];
-    drain_stream(proc, st, true, &mut scratch, true);
-    drain_stream(proc, st, false, &mut scratch, true);
+    drain_stream(proc, st, true, &mut scratch, Drain::Final);
+    drain_stream(proc, st, false, &mut scratch, Drain::Final);
     st.stdout.collector.flush();
     st.stderr.collector.flush();
     close_pidfd(proc, st);

@@ -48,7 +48,7 @@ impl Notifier {
     pub fn wait(&self, timeout: Option<Duration>) -> Vec<u64> {
         let ready = !lock(&self.queue).is_empty();
         if !ready {
-            poll_readable(&self.efd, timeout);
+            let _ = poll_readable(&self.efd, timeout);
         }
         self.take()
     }

@@ -19,6 +19,17 @@ const LARGE_PIPE_BYTES: libc::c_int = 256 * 1024;
 /// Reads per drain before yielding to other processes (fairness).
 const READS_PER_DRAIN: usize = 64;
 
+/// How far one drain of a pipe goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Drain {
+    /// After an epoll event: a short read means the pipe is empty for now (saves a read).
+    Streaming,
+    /// Until the pipe is empty or at EOF: a waiting caller settling a process it saw exit.
+    UntilEmpty,
+    /// The last pass: everything the pipe holds, then it is closed regardless.
+    Final,
+}
+
 /// A pipe whose both ends are close-on-exec.
 pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
@@ -62,14 +73,9 @@ impl OutStream {
         }
     }
 
-    /// Reads what the pipe holds (bounded per call for fairness, everything when
-    /// `final_pass`). True when the pipe reached EOF or failed and must be closed.
-    pub fn drain(
-        &mut self,
-        scratch: &mut [u8],
-        final_pass: bool,
-        open_spill: SpillOpener<'_>,
-    ) -> bool {
+    /// Reads what the pipe holds (bounded per call for fairness unless `Final`). True
+    /// when the pipe reached EOF or failed and must be closed.
+    pub fn drain(&mut self, scratch: &mut [u8], mode: Drain, open_spill: SpillOpener<'_>) -> bool {
         let Some(fd) = self.fd.as_ref() else {
             return false;
         };
@@ -84,7 +90,7 @@ impl OutStream {
                         let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(LARGE_PIPE_BYTES));
                         self.grown = true;
                     }
-                    if n < scratch.len() && !final_pass {
+                    if n < scratch.len() && mode == Drain::Streaming {
                         return false;
                     }
                 }

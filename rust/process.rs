@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use crate::collector::{Collected, Collector, Delta};
 use crate::contain::{CallContainment, CallLimits, Resources};
-use crate::lifecycle::{after, Phase};
+use crate::lifecycle::{self, after, Phase};
 use crate::notifier::Notifier;
 use crate::pipes::{OutStream, StdinFeed};
 use crate::spawn::Spawned;
 use crate::supervisor::Shared;
-use crate::sys::lock;
+use crate::sys::{lock, poll_readable};
 
 /// Per-process limits and input.
 pub struct ProcConfig {
@@ -157,8 +157,9 @@ impl Proc {
         if !self.shared.in_owner() {
             return false; // nobody in this process will ever settle it
         }
-        let mut st = lock(&self.state);
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        self.settle_on_exit(timeout);
+        let mut st = lock(&self.state);
         while st.phase != Phase::Done {
             match deadline {
                 None => {
@@ -181,6 +182,26 @@ impl Proc {
             }
         }
         true
+    }
+
+    /// While the leader runs, waits on its pidfd in the caller's thread and settles the
+    /// process here when it exits (see `lifecycle::settle_exited`): one wake-up instead of
+    /// the supervisor's then ours. The pidfd is duplicated so that the supervisor may close
+    /// its own at any time without our poll ever watching a reused fd number.
+    fn settle_on_exit(&self, timeout: Option<Duration>) {
+        let pidfd = {
+            let st = lock(&self.state);
+            if st.phase != Phase::Running || st.leader.is_some() {
+                return;
+            }
+            match st.pidfd.as_ref().map(|fd| fd.try_clone()) {
+                Some(Ok(fd)) => fd,
+                _ => return,
+            }
+        };
+        if poll_readable(&pidfd, timeout) {
+            lifecycle::settle_exited(self, &mut lock(&self.state));
+        }
     }
 
     /// Queues this process's token on `notifier` when it finishes (at once if it has).

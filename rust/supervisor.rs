@@ -24,7 +24,7 @@ use crate::errors::{CoreError, SpawnError, SpawnStage};
 use crate::forksafe::ForkClosed;
 use crate::keeper::Keeper;
 use crate::lifecycle::{self, Timers};
-use crate::pipes::READ_CHUNK;
+use crate::pipes::{Drain, READ_CHUNK};
 use crate::process::{Proc, ProcConfig};
 use crate::spawn::{spawn, SpawnPlan};
 use crate::spill::SpillDir;
@@ -37,24 +37,12 @@ use nix::sys::epoll::{Epoll, EpollFlags};
 use nix::sys::eventfd::EventFd;
 
 mod containment;
+mod source;
 #[cfg(test)]
 mod tests;
 
 use containment::KeeperSlot;
-
-/// What an epoll registration watches; the u64 is the process token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// The service's eventfd: new timers or shutdown.
-    Wake,
-    Stdout(u64),
-    Stderr(u64),
-    Stdin(u64),
-    /// The leader's pidfd: it exited.
-    Exit(u64),
-    /// The call's `cgroup.events` changed (EPOLLPRI): it may have emptied.
-    Cgroup(u64),
-}
+pub(crate) use source::Source;
 
 /// The registration key of the wake eventfd; process registrations count up from 1.
 const WAKE_KEY: u64 = 0;
@@ -101,8 +89,13 @@ impl Shared {
     pub fn add_timer(&self, at: Instant, token: u64, wake: bool) {
         lock(&self.timers_in).push((at, token));
         if wake {
-            eventfd_raise(&self.wake);
+            self.wake_supervisor();
         }
+    }
+
+    /// Makes the supervisor loop run once more (it picks up new timers then).
+    pub fn wake_supervisor(&self) {
+        eventfd_raise(&self.wake);
     }
 
     fn get(&self, token: u64) -> Option<Arc<Proc>> {
@@ -422,10 +415,10 @@ fn supervise(shared: &Arc<Shared>) {
             let mut st = lock(&proc.state);
             match source {
                 Source::Stdout(_) => {
-                    lifecycle::drain_stream(&proc, &mut st, true, &mut scratch, false)
+                    lifecycle::drain_stream(&proc, &mut st, true, &mut scratch, Drain::Streaming)
                 }
                 Source::Stderr(_) => {
-                    lifecycle::drain_stream(&proc, &mut st, false, &mut scratch, false)
+                    lifecycle::drain_stream(&proc, &mut st, false, &mut scratch, Drain::Streaming)
                 }
                 Source::Stdin(_) => lifecycle::feed_stdin(&proc, &mut st),
                 Source::Exit(_) => lifecycle::reap_leader(&proc, &mut st),

@@ -56,11 +56,11 @@ pub(crate) fn poll_timeout(timeout: Option<Duration>) -> PollTimeout {
     }
 }
 
-/// Waits up to `timeout` (None: forever) for `fd` to become readable.
-pub(crate) fn poll_readable(fd: impl AsFd, timeout: Option<Duration>) {
+/// Waits up to `timeout` (None: forever) for `fd` to become readable; true when it is.
+pub(crate) fn poll_readable(fd: impl AsFd, timeout: Option<Duration>) -> bool {
     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-    // EINTR and friends: the caller looks at its state again either way.
-    let _ = nix::poll::poll(&mut fds, poll_timeout(timeout));
+    // EINTR and friends count as "not yet": the caller looks at its state again either way.
+    matches!(nix::poll::poll(&mut fds, poll_timeout(timeout)), Ok(n) if n > 0)
 }
 
 pub(crate) fn epoll_create() -> std::io::Result<Epoll> {

@@ -54,6 +54,32 @@ def test_finished_process_is_a_record_with_named_fields(service: SubprocessServi
         out.text = "forged"  # type: ignore[misc]
 
 
+def test_wait_result_waits_and_collects_in_one_call(service: SubprocessService) -> None:
+    proc = _spawn(service, "read line; printf '%s' \"$line\"; exit 4")
+    assert proc.wait_result(0) is None  # still running: a timed-out wait has no result
+    proc.kill()
+    finished = proc.wait_result(None)
+    assert finished is not None
+    assert finished.outcome.kill_requested is True
+    assert finished.outcome.signal == 15
+    quick = _spawn(service, "printf done; exit 4")
+    finished = quick.wait_result(10)
+    assert finished is not None
+    assert (finished.outcome.exit_code, finished.stdout.text) == (4, "done")
+
+
+def test_output_left_in_the_pipes_at_exit_is_kept(service: SubprocessService) -> None:
+    # The waiting caller settles the exit itself: what the pipes still hold then is kept,
+    # byte for byte, on both streams.
+    for size in (0, 1, 4095, 65536, 300_000):
+        proc = _spawn(service, f"head -c {size} /dev/zero; head -c {size} /dev/zero >&2; exit 9")
+        finished = proc.wait_result(10)
+        assert finished is not None
+        assert finished.outcome.exit_code == 9
+        assert finished.stdout.total_bytes == size
+        assert finished.stderr.total_bytes == size
+
+
 def test_native_spawn_error_keeps_code_errno_and_stage(tmp_path: pathlib.Path) -> None:
     sup = _core.Supervisor(str(tmp_path))
     try:

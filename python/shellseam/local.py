@@ -169,6 +169,13 @@ class Confinement:
 _UNCONFINED = Confinement()
 
 
+def _abandon(spawned: tuple[ManagedProcess, Confinement]) -> None:
+    """A run cancelled while its spawn was under way: kill what started, settle it after."""
+    proc, conf = spawned
+    proc.kill()
+    proc.add_done_callback(conf.settle)
+
+
 def _names(value: object, name: str) -> tuple[str, ...]:
     """A sequence of str; a bare str is refused, never split into characters."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
@@ -435,16 +442,15 @@ class LocalShellExecutor(ShellExecutor):
         return proc, conf
 
     def _result(
-        self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
+        self, spec: ShellExecSpec, proc: ManagedProcess, finished: Finished, cause: Cause | None
     ) -> ShellRunResult:
-        finished = proc.result()
-        assert finished is not None, "a result is built only for a finished process"
         outcome = finished.outcome
         stdout = _collected(finished.stdout)
         stderr = _collected(finished.stderr)
+        signum = outcome.signal
         return ShellRunResult(
             exit_code=outcome.exit_code,
-            signal=signal_name(outcome.signal),
+            signal=None if signum is None else signal_name(signum),
             timed_out=cause == "timeout",
             aborted=cause == "abort",
             timeout_ms=spec.timeout_ms,
@@ -475,29 +481,42 @@ class LocalShellExecutor(ShellExecutor):
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
-        if spec.signal is not None and spec.signal.aborted:
+        signal = spec.signal
+        if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
         proc, conf = self._spawn(spec, spec.stdout_max_bytes)
-        deadline = Deadline(proc.kill)
-        with deadline.watching(spec.signal):
-            try:
-                if not proc.wait(spec.timeout_ms / 1000):
-                    deadline.on_timeout()
-                    proc.wait(None)
-            except BaseException:
-                # KeyboardInterrupt while waiting: nothing may be left running.
-                proc.kill()
-                proc.wait(None)
-                raise
-            finally:
-                conf.settle()
-        return self._result(spec, proc, deadline.cause)
+        # The hot path: one native call waits and hands back the result; the deadline and
+        # its abort listener exist only when there is a signal to listen to or a timeout.
+        deadline = remove = None
+        if signal is not None:
+            deadline = Deadline(proc.kill)
+            remove = signal.add_listener(deadline.on_abort)
+        try:
+            finished = proc.wait_result(spec.timeout_ms / 1000)
+            if finished is None:
+                deadline = deadline or Deadline(proc.kill)
+                deadline.on_timeout()
+                finished = proc.wait_result(None)
+        except BaseException:
+            # KeyboardInterrupt while waiting: nothing may be left running.
+            proc.kill()
+            proc.wait(None)
+            raise
+        finally:
+            if remove is not None:
+                remove()
+            conf.settle()
+        assert finished is not None, "an unbounded wait returns the result"
+        cause = None if deadline is None else deadline.cause
+        return self._result(spec, proc, finished, cause)
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
-        proc, conf = self._spawn(spec, spec.stdout_max_bytes)
+        proc, conf = await self.service.spawn_off_loop(
+            lambda: self._spawn(spec, spec.stdout_max_bytes), _abandon
+        )
         deadline = Deadline(proc.kill)
         with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
             try:
@@ -512,7 +531,9 @@ class LocalShellExecutor(ShellExecutor):
                 raise
             finally:
                 conf.settle()
-        return self._result(spec, proc, deadline.cause)
+        finished = proc.result()
+        assert finished is not None, "a settled process has a result"
+        return self._result(spec, proc, finished, deadline.cause)
 
     # -- background --------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import os
 import stat
@@ -23,7 +24,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, cast
+from typing import TypeAlias, TypeVar, cast
 
 from . import _core
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_int
@@ -31,6 +32,7 @@ from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, 
 from .types import ResourceLimits
 
 _log = logging.getLogger("shellseam")
+_T = TypeVar("_T")
 
 #: The native records a managed process reports (frozen, named fields).
 Outcome: TypeAlias = _core.Outcome
@@ -44,6 +46,10 @@ Ruleset: TypeAlias = _core.Ruleset
 #: Containment facts of a settled call, and of the host.
 NativeResources: TypeAlias = _core.Resources
 HostContainment: TypeAlias = _core.ContainmentFacts
+
+#: Threads that spawn for event loops (see ``spawn_off_loop``): a fixed pool per service,
+#: never one per call.
+SPAWNER_THREADS = 2
 
 _STAGE_REASONS = {
     "chdir": "cannot change to the working directory",
@@ -175,6 +181,10 @@ class ManagedProcess:
         infinity: no timeout); True when settled."""
         return self._proc.wait(timeout)
 
+    def wait_result(self, timeout: float | None = None) -> Finished | None:
+        """``wait`` then ``result`` in one native call; None when ``timeout`` passed first."""
+        return self._proc.wait_result(timeout)
+
     async def wait_async(self) -> None:
         """Resolves when settled, woken by the loop's eventfd (no thread)."""
         await self._service._wait_async(self._proc)
@@ -281,6 +291,8 @@ class SubprocessService:
         self._callbacks: dict[int, list[Callable[[], None]]] = {}
         self._dispatch_notifier: _core.Notifier | None = None
         self._dispatcher: threading.Thread | None = None
+        self._spawners: concurrent.futures.ThreadPoolExecutor | None = None
+        self._spawners_pid = 0
 
     # -- facts -------------------------------------------------------------------------
 
@@ -335,13 +347,24 @@ class SubprocessService:
 
         Caps and grace are checked here (``ValueError``/``TypeError`` naming them), so that
         no value reaches the core as an overflow."""
-        for name, value, maximum in (
-            ("stdout_cap", stdout_cap, MAX_BYTES),
-            ("stderr_cap", stderr_cap, MAX_BYTES),
-            ("spill_cap", spill_cap, MAX_BYTES),
-            ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+        # One comparison chain on the hot path; the per-name checks only to say what is wrong.
+        if not (
+            type(stdout_cap) is int
+            and type(stderr_cap) is int
+            and type(spill_cap) is int
+            and type(grace_ms) is int
+            and 0 <= stdout_cap <= MAX_BYTES
+            and 0 <= stderr_cap <= MAX_BYTES
+            and 0 <= spill_cap <= MAX_BYTES
+            and 0 <= grace_ms <= MAX_TIMEOUT_MS
         ):
-            config_int(value, name, minimum=0, maximum=maximum)
+            for name, value, maximum in (
+                ("stdout_cap", stdout_cap, MAX_BYTES),
+                ("stderr_cap", stderr_cap, MAX_BYTES),
+                ("spill_cap", spill_cap, MAX_BYTES),
+                ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+            ):
+                config_int(value, name, minimum=0, maximum=maximum)
         try:
             cwd_bytes = os.fsencode(cwd)
         except UnicodeEncodeError as err:
@@ -365,6 +388,44 @@ class SubprocessService:
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
         return ManagedProcess(self, proc)
+
+    async def spawn_off_loop(self, spawn: Callable[[], _T], abandon: Callable[[_T], object]) -> _T:
+        """Runs ``spawn`` (a blocking call of ``spawn``) on one of the service's spawner
+        threads and awaits its result.
+
+        Under vfork semantics the spawning thread sleeps until its child has exec'd, and with
+        many commands in flight the child first waits for a CPU: on the loop thread that
+        stalls every other run, one child at a time. When the caller is cancelled while the
+        spawn is under way, ``abandon`` gets what the spawn returned (it must kill it)."""
+        pool = self._spawner_pool()
+        if pool is None:
+            return spawn()
+        try:
+            pending = pool.submit(spawn)
+        except RuntimeError:  # shut down by a concurrent dispose: spawn raises DISPOSED
+            return spawn()
+        try:
+            return await asyncio.wrap_future(pending)
+        except asyncio.CancelledError:
+
+            def landed(done: concurrent.futures.Future[_T]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    abandon(done.result())
+
+            pending.add_done_callback(landed)
+            raise
+
+    def _spawner_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        with self._lock:
+            if self.disposed:
+                return None
+            if self._spawners is None or self._spawners_pid != os.getpid():
+                # (A forked child inherits no threads: it gets a pool of its own.)
+                self._spawners = concurrent.futures.ThreadPoolExecutor(
+                    SPAWNER_THREADS, thread_name_prefix="shellseam-spawn"
+                )
+                self._spawners_pid = os.getpid()
+            return self._spawners
 
     # -- waiting -----------------------------------------------------------------------
 
@@ -434,6 +495,10 @@ class SubprocessService:
         ``keep_spill``, which defaults to the service's setting)."""
         keep = self.keep_spill if keep_spill is None else keep_spill
         self._supervisor.dispose(keep_spill=keep)
+        with self._lock:
+            spawners, self._spawners = self._spawners, None
+        if spawners is not None and self._spawners_pid == os.getpid():
+            spawners.shutdown(wait=True)
         dispatcher = self._dispatcher
         if self._dispatch_notifier is not None:
             self._dispatch_notifier.wake()

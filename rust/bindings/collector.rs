@@ -50,6 +50,6 @@ impl Collector {
 
     fn tail_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        PyBytes::new(py, guard.0.tail_bytes())
+        PyBytes::new(py, &guard.0.tail_bytes())
     }
 }

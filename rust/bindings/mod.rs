@@ -5,6 +5,7 @@
 mod collector;
 mod contain;
 mod env;
+mod floor;
 mod notifier;
 mod proc;
 mod records;
@@ -155,6 +156,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ruleset::landlock_abi, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_missing, m)?)?;
     m.add_function(wrap_pyfunction!(ruleset::landlock_fs_rights, m)?)?;
+    m.add_function(wrap_pyfunction!(floor::bench_minimal_reader, m)?)?;
     m.add_class::<records::Rusage>()?;
     m.add_class::<records::Outcome>()?;
     m.add_class::<records::Collected>()?;

@@ -47,6 +47,16 @@ impl Proc {
         wait_with_signals(py, timeout, move |slice| inner.wait(Some(slice)))
     }
 
+    /// Waits until done, then hands back the result in the same call (one crossing per
+    /// foreground run); None when `timeout` seconds passed first.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Finished>> {
+        if !self.wait(py, timeout)? {
+            return Ok(None);
+        }
+        Ok(self.result())
+    }
+
     fn subscribe(&self, notifier: &Notifier) {
         self.inner.subscribe(Arc::clone(&notifier.inner));
     }

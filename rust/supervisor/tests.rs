@@ -48,6 +48,58 @@ fn runs_and_collects() {
 }
 
 #[test]
+fn caller_and_supervisor_settle_each_run_exactly_once() {
+    // The waiting caller and the supervisor race to settle every exit: each run must
+    // keep its exact status and every byte, whoever wins.
+    let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
+    for i in 0..200 {
+        let cmd = format!("head -c {} /dev/zero; exit {}", 1000 * i, i % 7);
+        let p = svc.spawn(&mut plan(&cmd), cfg(1 << 20)).unwrap();
+        assert!(p.wait(Some(Duration::from_secs(10))));
+        let o = p.outcome().unwrap();
+        assert_eq!(o.exit_code, Some(i % 7));
+        assert!(!o.exit_status_unknown);
+        assert_eq!(p.collected().0.total_bytes, 1000 * i as u64);
+    }
+    assert_eq!(svc.running(), 0);
+    svc.dispose(false);
+}
+
+#[test]
+fn ring_tail_is_the_streams_end_and_the_spill_its_head() {
+    // Far past the spill cap and round the tail ring many times: the tail must be
+    // exactly the stream's last bytes, and the spill file its exact head.
+    let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
+    let mut c = cfg(1000);
+    c.spill_cap = 10_000;
+    let p = svc.spawn(&mut plan("seq 1 300000"), c).unwrap();
+    assert!(p.wait(Some(Duration::from_secs(20))));
+    let out = p.collected().0;
+    let stream: String = (1..=300000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(out.total_bytes, stream.len() as u64);
+    assert_eq!(out.text, stream[stream.len() - 1000..]);
+    let spilled = std::fs::read(out.spill_path.unwrap()).unwrap();
+    assert_eq!(spilled, stream.as_bytes()[..10_000]);
+    svc.dispose(false);
+}
+
+#[test]
+fn a_timed_out_wait_leaves_the_run_to_the_supervisor() {
+    let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
+    let p = svc
+        .spawn(&mut plan("sleep 0.3; echo late"), cfg(1000))
+        .unwrap();
+    assert!(!p.wait(Some(Duration::from_millis(10))));
+    // Nobody waits in `wait` now: the supervisor alone must settle it.
+    let notifier = Arc::new(crate::notifier::Notifier::new().unwrap());
+    p.subscribe(Arc::clone(&notifier));
+    assert_eq!(notifier.wait(Some(Duration::from_secs(10))), vec![p.token]);
+    assert!(p.is_done());
+    assert_eq!(p.collected().0.text, "late\n");
+    svc.dispose(false);
+}
+
+#[test]
 fn stdin_is_written_then_closed() {
     let svc = Service::new(std::env::temp_dir(), u64::MAX).unwrap();
     let mut c = cfg(1000);
