@@ -151,14 +151,20 @@ impl CallContainment {
         )
     }
 
-    /// Signals every process of the call: the cgroup's members, else the group.
+    /// Signals every process of the call: the group, and the cgroup's members outside it
+    /// (once each: a trap in the shell must see one SIGTERM, not two).
     pub fn signal(&mut self, pgid: libc::pid_t, sig: libc::c_int) {
         let _ = signal_group(pgid, sig);
         if let Some(cg) = &mut self.cgroup {
             if sig == libc::SIGKILL {
                 let _ = cg.kill_all();
             } else {
-                cg.signal_all(sig);
+                for pid in cg.members() {
+                    if crate::kill::pgrp_of(pid) != Some(pgid) {
+                        // SAFETY: kill(2) has no memory-safety preconditions.
+                        unsafe { libc::kill(pid, sig) };
+                    }
+                }
             }
         }
     }
@@ -171,7 +177,11 @@ impl CallContainment {
         let Some(cg) = &self.cgroup else { return 0 };
         let mut escaped = 0;
         for pid in cg.members() {
-            if crate::kill::pgrp_of(pid) != Some(pgid) && self.counted.insert(pid) {
+            // The group got its SIGTERM above; a second one would run a shell's trap twice.
+            if crate::kill::pgrp_of(pid) == Some(pgid) {
+                continue;
+            }
+            if self.counted.insert(pid) {
                 escaped += 1;
             }
             // SAFETY: kill(2) has no memory-safety preconditions.

@@ -291,18 +291,6 @@ impl CallCgroup {
         Ok(open_at(self.dir.raw(), "cgroup.events", libc::O_RDONLY)?.into())
     }
 
-    /// Sends `sig` to every member; returns how many were signalled.
-    pub fn signal_all(&self, sig: libc::c_int) -> usize {
-        let mut n = 0;
-        for pid in self.members() {
-            // SAFETY: kill(2) has no memory-safety preconditions.
-            if unsafe { libc::kill(pid, sig) } == 0 {
-                n += 1;
-            }
-        }
-        n
-    }
-
     /// SIGKILLs every member at once, including ones forked while we look.
     pub fn kill_all(&mut self) -> io::Result<()> {
         self.killed = true;
