@@ -47,26 +47,17 @@ def marked_env(token: str) -> dict[str, str]:
 
 def survivors(token: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries ``token``."""
-    needle = f"{MARK}={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read()
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and stat[stat.rfind(")") + 2] not in "ZX":
-            found.append(int(name))
-    return found
+    return _live_marked({token})
 
 
 def any_marked() -> list[int]:
     """Every live process carrying a marker this test process handed out."""
-    wanted = {f"{MARK}={token}".encode() for token in _ISSUED}
+    return _live_marked(_ISSUED)
+
+
+def _live_marked(tokens: set[str]) -> list[int]:
+    """Live (non-zombie) processes whose environment carries one of ``tokens``."""
+    wanted = {f"{MARK}={token}".encode() for token in tokens}
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
