@@ -55,7 +55,9 @@ def test_finished_process_is_a_record_with_named_fields(service: SubprocessServi
 
 
 def test_wait_result_waits_and_collects_in_one_call(service: SubprocessService) -> None:
-    proc = _spawn(service, "read line; printf '%s' \"$line\"; exit 4")
+    # stdin is empty, so the command must block on something other than input: a sleep
+    # that only the kill ends (exec, so the SIGTERM lands on the process we wait for).
+    proc = _spawn(service, "exec sleep 30")
     assert proc.wait_result(0) is None  # still running: a timed-out wait has no result
     proc.kill()
     finished = proc.wait_result(None)
