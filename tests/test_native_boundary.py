@@ -31,6 +31,28 @@ def _spawn(service: SubprocessService, command: str, cwd: str = "/") -> ManagedP
     )
 
 
+def _native_spawn(
+    sup: _core.Supervisor,
+    program: bytes,
+    argv: list[bytes],
+    cwd: bytes = b"/",
+    limits: _core.CallLimits | None = None,
+) -> _core.Proc:
+    """A spawn straight through the core, with an empty environment and small caps."""
+    return sup.spawn(
+        program=program,
+        argv=argv,
+        cwd=cwd,
+        env=_core.Env.from_pairs([]),
+        stdin=b"",
+        stdout_cap=100,
+        stderr_cap=100,
+        spill_cap=100,
+        grace_ms=10,
+        limits=limits,
+    )
+
+
 def test_finished_process_is_a_record_with_named_fields(service: SubprocessService) -> None:
     proc = _spawn(service, "printf out; printf err >&2; exit 3")
     assert proc.wait(10)
@@ -52,6 +74,33 @@ def test_finished_process_is_a_record_with_named_fields(service: SubprocessServi
         finished.outcome.exit_code = 0  # type: ignore[misc]
     with pytest.raises(AttributeError):
         out.text = "forged"  # type: ignore[misc]
+
+
+def test_call_limits_cross_as_a_frozen_record_with_named_fields(tmp_path: pathlib.Path) -> None:
+    limits = _core.CallLimits(memory_bytes=1 << 30, cpu_ms=500)
+    assert (limits.memory_bytes, limits.cpu_ms) == (1 << 30, 500)
+    assert (limits.max_processes, limits.file_size_bytes, limits.open_files) == (None,) * 3
+    with pytest.raises(AttributeError):
+        limits.cpu_ms = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        _core.CallLimits(1 << 30)  # type: ignore[call-arg]  # keywords only: no positional order
+    with pytest.raises(OverflowError):
+        _core.CallLimits(open_files=-1)
+    sup = _core.Supervisor(str(tmp_path))
+    try:
+        with pytest.raises(TypeError):
+            _native_spawn(sup, b"/bin/true", [b"true"], limits=(None,) * 5)  # type: ignore[arg-type]
+        proc = _native_spawn(
+            sup,
+            b"/bin/bash",
+            [b"bash", b"-c", b"ulimit -n"],
+            limits=_core.CallLimits(open_files=37),
+        )
+        finished = proc.wait_result(10)
+        assert finished is not None
+        assert finished.stdout.text.strip() == "37"
+    finally:
+        sup.dispose()
 
 
 def test_wait_result_waits_and_collects_in_one_call(service: SubprocessService) -> None:
@@ -86,17 +135,7 @@ def test_native_spawn_error_keeps_code_errno_and_stage(tmp_path: pathlib.Path) -
     sup = _core.Supervisor(str(tmp_path))
     try:
         with pytest.raises(_core.SpawnError) as caught:
-            sup.spawn(
-                program=b"/bin/bash",
-                argv=[b"bash", b"-c", b"true"],
-                cwd=b"/nonexistent/dir",
-                env=_core.Env.from_pairs([]),
-                stdin=b"",
-                stdout_cap=10,
-                stderr_cap=10,
-                spill_cap=10,
-                grace_ms=10,
-            )
+            _native_spawn(sup, b"/bin/bash", [b"bash", b"-c", b"true"], cwd=b"/nonexistent/dir")
         assert isinstance(caught.value, _core.NativeError)
         assert caught.value.args == (
             "SPAWN_FAILED",
@@ -106,17 +145,7 @@ def test_native_spawn_error_keeps_code_errno_and_stage(tmp_path: pathlib.Path) -
         )
         sup.dispose()
         with pytest.raises(_core.DisposedError) as disposed:
-            sup.spawn(
-                program=b"/bin/true",
-                argv=[b"true"],
-                cwd=b"/",
-                env=_core.Env.from_pairs([]),
-                stdin=b"",
-                stdout_cap=10,
-                stderr_cap=10,
-                spill_cap=10,
-                grace_ms=10,
-            )
+            _native_spawn(sup, b"/bin/true", [b"true"])
         assert disposed.value.args[0] == "DISPOSED"
     finally:
         sup.dispose()

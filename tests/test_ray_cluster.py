@@ -437,9 +437,9 @@ def test_killed_harness_loses_its_commands_within_the_lease(
 
 
 def test_bench_rows_smoke(cluster: LocalCluster) -> None:
-    from shellseam import _bench_ray
+    from shellseam._bench import ray as bench_ray
 
-    rows = _bench_ray.run(True, tiny=True)
+    rows = bench_ray.run(True, tiny=True)
     assert [r.verdict for r in rows][1] == "info"
     assert [r.verdict in ("PASS", "MISS") for r in rows] == [True, False, True, False]
     assert rows[3].unit == "MiB/s" and (rows[3].value or 0) > 0

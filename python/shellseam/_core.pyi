@@ -4,6 +4,7 @@ from os import PathLike
 from typing import final
 
 __all__ = [
+    "CallLimits",
     "Collected",
     "Collector",
     "ContainmentFacts",
@@ -248,7 +249,38 @@ class ContainmentFacts:
     @property
     def reason(self) -> str | None: ...
 
-_Limits = tuple[int | None, int | None, int | None, int | None, int | None]
+@final
+class CallLimits:
+    """The limits of one call, as ``Supervisor.spawn`` takes them (None: no limit).
+
+    The Python layer validates them first (``ResourceLimits``); here a negative value is an
+    ``OverflowError`` and a non-int a ``TypeError``, as for any native ``u64``.
+    """
+
+    def __new__(
+        cls,
+        *,
+        memory_bytes: int | None = None,
+        max_processes: int | None = None,
+        cpu_ms: int | None = None,
+        file_size_bytes: int | None = None,
+        open_files: int | None = None,
+    ) -> CallLimits: ...
+    @property
+    def memory_bytes(self) -> int | None:
+        """Memory of the whole call (cgroup), else of each process (``RLIMIT_AS``)."""
+    @property
+    def max_processes(self) -> int | None:
+        """Processes of the whole call (cgroup ``pids``); unenforced without it."""
+    @property
+    def cpu_ms(self) -> int | None:
+        """CPU time of the whole call (cgroup), else of each process (``RLIMIT_CPU``)."""
+    @property
+    def file_size_bytes(self) -> int | None:
+        """Largest file a process may write (``RLIMIT_FSIZE``)."""
+    @property
+    def open_files(self) -> int | None:
+        """Open file descriptors per process (``RLIMIT_NOFILE``)."""
 
 @final
 class Supervisor:
@@ -286,7 +318,7 @@ class Supervisor:
         grace_ms: int,
         ruleset: Ruleset | None = None,
         script_fd: int | None = None,
-        limits: _Limits = ...,
+        limits: CallLimits | None = None,
         cgroup: bool = True,
     ) -> Proc: ...
     def begin_dispose(self) -> list[Proc]: ...

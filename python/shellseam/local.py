@@ -56,6 +56,7 @@ from .types import (
     ShellResources,
     ShellRunResult,
     ShellSandboxInfo,
+    aborted_before_start,
 )
 
 ContainmentMode = Literal["auto", "session"]
@@ -216,11 +217,6 @@ def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[byt
 
 def _collected(c: Collected) -> CollectedOutput:
     return CollectedOutput(c.text, c.truncated, c.spill_path, c.total_bytes, c.spill_truncated)
-
-
-_EMPTY = CollectedOutput(
-    text="", truncated=False, spill_path=None, total_bytes=0, spill_truncated=False
-)
 
 
 def _resources(
@@ -466,16 +462,7 @@ class LocalShellExecutor(ShellExecutor):
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
         if self.service.disposed:
             raise ShellError(DISPOSED, "the subprocess service has been disposed")
-        return ShellRunResult(
-            exit_code=None,
-            signal=None,
-            timed_out=False,
-            aborted=True,
-            timeout_ms=spec.timeout_ms,
-            stdout=_EMPTY,
-            stderr=_EMPTY,
-            duration_ms=0.0,
-        )
+        return aborted_before_start(spec)
 
     # -- foreground --------------------------------------------------------------------
 

@@ -83,15 +83,16 @@ def _keeper_command() -> tuple[bytes, list[bytes]] | None:
     return os.fsencode(executable), [os.fsencode(a) for a in argv]
 
 
-def _limits_tuple(limits: ResourceLimits | None) -> _core._Limits:
+def _call_limits(limits: ResourceLimits | None) -> _core.CallLimits | None:
+    """The core's record of a call's limits (None: no limits at all)."""
     if limits is None:
-        return (None, None, None, None, None)
-    return (
-        limits.memory_bytes,
-        limits.max_processes,
-        limits.cpu_ms,
-        limits.file_size_bytes,
-        limits.open_files,
+        return None
+    return _core.CallLimits(
+        memory_bytes=limits.memory_bytes,
+        max_processes=limits.max_processes,
+        cpu_ms=limits.cpu_ms,
+        file_size_bytes=limits.file_size_bytes,
+        open_files=limits.open_files,
     )
 
 
@@ -382,7 +383,7 @@ class SubprocessService:
                 grace_ms=grace_ms,
                 ruleset=ruleset,
                 script_fd=script_fd,
-                limits=_limits_tuple(limits),
+                limits=_call_limits(limits),
                 cgroup=cgroup,
             )
         except _core.NativeError as err:

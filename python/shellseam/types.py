@@ -2,7 +2,8 @@
 
 Field names are the snake_case renderings of the seeds' camelCase; ``None`` plays the
 seeds' ``undefined``. Everything here is a frozen value: executors build them, callers
-read them.
+read them. The one result every executor builds alike, a run aborted before it started,
+is built here too (``aborted_before_start``).
 """
 
 from __future__ import annotations
@@ -138,6 +139,26 @@ class ShellRunResult:
     #: The status was reaped by someone else (a stray ``waitpid(-1)`` in the harness):
     #: ``exit_code`` and ``signal`` are None, never a made-up 0.
     exit_status_unknown: bool = False
+
+
+#: A stream that never ran.
+NO_OUTPUT = CollectedOutput(
+    text="", truncated=False, spill_path=None, total_bytes=0, spill_truncated=False
+)
+
+
+def aborted_before_start(spec: ShellExecSpec) -> ShellRunResult:
+    """The result of a run whose signal was already aborted: nothing was started."""
+    return ShellRunResult(
+        exit_code=None,
+        signal=None,
+        timed_out=False,
+        aborted=True,
+        timeout_ms=spec.timeout_ms,
+        stdout=NO_OUTPUT,
+        stderr=NO_OUTPUT,
+        duration_ms=0.0,
+    )
 
 
 @dataclass(frozen=True)

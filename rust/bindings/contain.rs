@@ -1,9 +1,60 @@
-//! `_core` containment: per-call resources, the host's facts, and the keeper's entry point.
+//! `_core` containment: per-call limits and resources, the host's facts, and the keeper's
+//! entry point.
 
 use pyo3::prelude::*;
 
 use crate::cgroup::{hierarchy, ServiceCgroups};
-use crate::contain::Resources as CoreResources;
+use crate::contain::{CallLimits as CoreCallLimits, Resources as CoreResources};
+
+/// The limits of one call, as Python hands them to `Supervisor.spawn` (None: no limit).
+/// The Python layer has validated them (positive, within i64); a negative value or a
+/// non-int is refused here by the conversion to u64.
+#[pyclass(frozen, get_all, module = "shellseam._core")]
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallLimits {
+    pub memory_bytes: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub cpu_ms: Option<u64>,
+    pub file_size_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+}
+
+#[pymethods]
+impl CallLimits {
+    #[new]
+    #[pyo3(signature = (*, memory_bytes=None, max_processes=None, cpu_ms=None, file_size_bytes=None, open_files=None))]
+    fn new(
+        memory_bytes: Option<u64>,
+        max_processes: Option<u64>,
+        cpu_ms: Option<u64>,
+        file_size_bytes: Option<u64>,
+        open_files: Option<u64>,
+    ) -> Self {
+        Self {
+            memory_bytes,
+            max_processes,
+            cpu_ms,
+            file_size_bytes,
+            open_files,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl From<&CallLimits> for CoreCallLimits {
+    fn from(l: &CallLimits) -> Self {
+        Self {
+            memory_bytes: l.memory_bytes,
+            max_processes: l.max_processes,
+            cpu_ms: l.cpu_ms,
+            file_size_bytes: l.file_size_bytes,
+            open_files: l.open_files,
+        }
+    }
+}
 
 /// Containment facts of one finished call.
 #[pyclass(frozen, get_all, module = "shellseam._core")]

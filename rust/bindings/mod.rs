@@ -145,6 +145,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<collector::Collector>()?;
     m.add_class::<env::Env>()?;
     m.add_class::<env::EnvBuilder>()?;
+    m.add_class::<contain::CallLimits>()?;
     m.add_class::<contain::Resources>()?;
     m.add_class::<contain::ContainmentFacts>()?;
     m.add_function(wrap_pyfunction!(contain::containment_facts, m)?)?;

@@ -6,21 +6,12 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
+use super::contain::CallLimits;
 use super::cstring;
 use super::env::Env;
 use super::proc::Proc;
 use super::ruleset::Ruleset;
-use crate::contain::CallLimits;
 use crate::errors::CoreError;
-
-/// (memory_bytes, max_processes, cpu_ms, file_size_bytes, open_files).
-type LimitsTuple = (
-    Option<u64>,
-    Option<u64>,
-    Option<u64>,
-    Option<u64>,
-    Option<u64>,
-);
 use crate::process::ProcConfig;
 use crate::spawn::SpawnPlan;
 use crate::supervisor::Service;
@@ -100,7 +91,7 @@ impl Supervisor {
 
     /// Spawns `argv` (program path `program`) in a new process group.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=(None, None, None, None, None), cgroup=true))]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=None, cgroup=true))]
     fn spawn(
         &self,
         py: Python<'_>,
@@ -115,7 +106,7 @@ impl Supervisor {
         grace_ms: u64,
         ruleset: Option<&Ruleset>,
         script_fd: Option<i32>,
-        limits: LimitsTuple,
+        limits: Option<&CallLimits>,
         cgroup: bool,
     ) -> PyResult<Proc> {
         let argv = argv
@@ -139,13 +130,7 @@ impl Supervisor {
             spill_cap,
             grace: Duration::from_millis(grace_ms),
             stdin,
-            limits: CallLimits {
-                memory_bytes: limits.0,
-                max_processes: limits.1,
-                cpu_ms: limits.2,
-                file_size_bytes: limits.3,
-                open_files: limits.4,
-            },
+            limits: limits.map(Into::into).unwrap_or_default(),
             cgroup,
         };
         let inner = Arc::clone(&self.inner);

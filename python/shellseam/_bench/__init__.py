@@ -2,7 +2,8 @@
 
 Private: the table it prints is the interface (see ``benches/README.md``). ``harness`` holds
 the sizes, rows and timing helpers, ``suites`` the benchmarks, ``child`` the measurements
-made in a fresh interpreter, ``table`` the text table and ``cli`` the one command line.
+made in a fresh interpreter, ``table`` the text table, ``cli`` the one command line and
+``ray`` the Ray rows of ``--ray`` (which need Ray, imported only when they run).
 Only the standard library and shellseam, so an installed wheel can run it.
 """
 

@@ -56,10 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown.extend(new_rows)
 
     if args.ray or args.ray_address:
-        from .. import _bench_ray
+        from . import ray
 
         try:
-            rows = _bench_ray.run(args.quick, address=args.ray_address, progress=note)
+            rows = ray.run(args.quick, address=args.ray_address, progress=note)
         except ImportError:
             print("shellseam: the Ray rows need Ray: pip install 'shellseam[ray]'", file=sys.stderr)
             return 2

@@ -21,11 +21,11 @@ from ..local import LocalShellExecutor
 from ..process import ShellProcess
 from ..sandbox import SandboxShellExecutor
 from ..types import (
-    CollectedOutput,
     SandboxMode,
     ShellExecRequest,
     ShellExecSpec,
     ShellRunResult,
+    aborted_before_start,
 )
 from .handle import RemoteShellProcess
 from .link import NodeLink, _unavailable, lost_message
@@ -43,11 +43,6 @@ from .protocol import (
     Transport,
     wire_spec,
 )
-
-_EMPTY = CollectedOutput(
-    text="", truncated=False, spill_path=None, total_bytes=0, spill_truncated=False
-)
-
 
 #: Configuration attributes a remote executor answers from its local twin.
 _CONFIG_NAMES = frozenset(
@@ -127,18 +122,6 @@ class RemoteShellExecutor(ShellExecutor):
     def _budget_s(self, spec: ShellExecSpec) -> float:
         return spec.timeout_ms / 1000 + 2 * self._grace_s + self._link.slack_s
 
-    def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
-        return ShellRunResult(
-            exit_code=None,
-            signal=None,
-            timed_out=False,
-            aborted=True,
-            timeout_ms=spec.timeout_ms,
-            stdout=_EMPTY,
-            stderr=_EMPTY,
-            duration_ms=0.0,
-        )
-
     def _message(self, spec: ShellExecSpec) -> RunCall:
         return RunCall(
             self._link.client_id,
@@ -181,7 +164,7 @@ class RemoteShellExecutor(ShellExecutor):
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
         if spec.signal is not None and spec.signal.aborted:
-            return self._aborted_before_start(spec)
+            return aborted_before_start(spec)
         call = self._message(spec)
         transport = self._link.transport()
         sent_at = time.monotonic()
@@ -214,7 +197,7 @@ class RemoteShellExecutor(ShellExecutor):
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         if spec.signal is not None and spec.signal.aborted:
-            return self._aborted_before_start(spec)
+            return aborted_before_start(spec)
         call = self._message(spec)
         transport = self._link.transport()
         sent_at = time.monotonic()

@@ -22,17 +22,18 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from ._bench.harness import (
+from ..local import LocalShellExecutor
+from ..service import SubprocessService
+from ..types import ShellExecRequest
+from .harness import (
     Row,
     info_row,
     interleaved,
     interleaved_async,
     median,
     ratio_row,
+    timed,
 )
-from .local import LocalShellExecutor
-from .service import SubprocessService
-from .types import ShellExecRequest
 
 MIB = 1 << 20
 
@@ -45,7 +46,7 @@ def _cluster(address: str | None) -> Iterator[list[str]]:
     if address is not None or ray.is_initialized():
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
-        from .ray.executor import alive_nodes
+        from ..ray.executor import alive_nodes
 
         alive = alive_nodes()
         yield alive[-2:]
@@ -76,9 +77,9 @@ def run(
     every path in seconds (the smoke test's)."""
     import ray
 
-    from .ray import RayShellExecutor
-    from .ray import node as ray_node
-    from .ray.protocol import Heartbeat
+    from ..ray import RayShellExecutor
+    from ..ray import node as ray_node
+    from ..ray.protocol import Heartbeat
 
     sequential_reps = 5 if tiny else 200 if quick else 500
     inflight_rounds = 1 if tiny else 8 if quick else 20
@@ -94,14 +95,6 @@ def run(
             true_remote = remote[0].resolve(ShellExecRequest(command="true"))
             true_local = local.resolve(ShellExecRequest(command="true"))
             actor = ray_node.get_or_create(remote[0].node_id)
-
-            def timed(fn: Callable[[], object]) -> Callable[[], float]:
-                def once() -> float:
-                    started = time.perf_counter()
-                    fn()
-                    return time.perf_counter() - started
-
-                return once
 
             # A protocol message without a command: what the call costs beyond the bare
             # round trip before any process is spawned (diagnostic).
@@ -209,8 +202,8 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m shellseam._bench_ray [--quick] [--ray-address ADDR]``."""
-    from ._bench.table import format_table
+    """``python -m shellseam._bench.ray [--quick] [--ray-address ADDR]``."""
+    from .table import format_table
 
     parser = argparse.ArgumentParser(prog="shellseam bench --ray")
     parser.add_argument("--quick", action="store_true")
