@@ -1,7 +1,9 @@
-"""asyncio runs spawn on the service's fixed spawner pool, never on the event loop.
+"""asyncio runs spawn on the service's fixed spawner pool while other runs are in flight.
 
-Under vfork semantics the spawning thread sleeps until its child has exec'd; the loop must
-stay free meanwhile. What users rely on: errors still arrive as ShellError from ``run``, a
+Under vfork semantics the spawning thread sleeps until its child has exec'd; with other runs
+in flight the loop must stay free meanwhile. A lone run (nothing of the service running)
+spawns inline: there is nothing to stall, and the two thread hand-offs would cost it about
+as much as the spawn. What users rely on: errors still arrive as ShellError from ``run``, a
 run cancelled while its spawn is in flight leaves nothing running, and the pool is a fixed
 number of threads that ``dispose`` takes down.
 """
@@ -32,8 +34,8 @@ def test_spawn_errors_arrive_from_run(ex: LocalShellExecutor) -> None:
     assert "cannot change to the working directory /nonexistent/shellseam" in caught.value.reason
 
 
-def test_spawns_run_off_the_loop_thread(service: SubprocessService) -> None:
-    ex = LocalShellExecutor(service=service)
+def _recording(ex: LocalShellExecutor) -> list[str]:
+    """Names of the threads ``ex`` spawns on, from now on."""
     spawned_on: list[str] = []
     spawn = ex._spawn
 
@@ -42,7 +44,16 @@ def test_spawns_run_off_the_loop_thread(service: SubprocessService) -> None:
         return spawn(*args, **kwargs)  # type: ignore[arg-type]
 
     ex._spawn = recording_spawn  # type: ignore[assignment,method-assign]
+    return spawned_on
+
+
+def test_spawns_run_off_the_loop_thread(service: SubprocessService) -> None:
+    ex = LocalShellExecutor(service=service)
+    spawned_on = _recording(ex)
     before = {t.ident for t in _spawner_threads()}  # other services' pools
+    # Something of the service runs all along (here a background command): every spawn
+    # then goes to the pool, however quickly the batch's own commands finish.
+    busy = ex.start(ex.resolve(ShellExecRequest(command="sleep 60")))
 
     async def main() -> None:
         results = await asyncio.gather(
@@ -50,9 +61,35 @@ def test_spawns_run_off_the_loop_thread(service: SubprocessService) -> None:
         )
         assert [r.stdout.text for r in results] == ["hi\n"] * 16
 
-    asyncio.run(main())
-    assert spawned_on and all(name.startswith("shellseam-spawn") for name in spawned_on)
+    try:
+        asyncio.run(main())
+    finally:
+        busy.kill()
+        busy.wait_sync(10)
+    assert len(spawned_on) == 17
+    assert all(name.startswith("shellseam-spawn") for name in spawned_on[1:]), spawned_on
     assert len([t for t in _spawner_threads() if t.ident not in before]) <= SPAWNER_THREADS
+
+
+def test_a_lone_run_spawns_inline(service: SubprocessService) -> None:
+    ex = LocalShellExecutor(service=service)
+    spawned_on = _recording(ex)
+
+    async def main() -> None:
+        for _ in range(3):
+            r = await ex.run(ex.resolve(ShellExecRequest(command="echo hi")))
+            assert r.stdout.text == "hi\n"
+
+    asyncio.run(main())
+    assert spawned_on == [threading.current_thread().name] * 3
+    # With a background command of the service running, the next run goes to the pool.
+    bg = ex.start(ex.resolve(ShellExecRequest(command="sleep 30")))
+    try:
+        asyncio.run(main())
+    finally:
+        bg.kill()
+        bg.wait_sync(10)
+    assert all(name.startswith("shellseam-spawn") for name in spawned_on[4:]), spawned_on
 
 
 def test_a_run_cancelled_during_its_spawn_leaves_nothing_running(
@@ -60,6 +97,8 @@ def test_a_run_cancelled_during_its_spawn_leaves_nothing_running(
 ) -> None:
     ex = LocalShellExecutor(service=service)
     marker = f"shellseam-cancelled-spawn-{os.getpid()}"
+    # A background command keeps the service busy, so that every run spawns on the pool.
+    busy = ex.start(ex.resolve(ShellExecRequest(command="sleep 60")))
 
     async def main() -> None:
         for _ in range(20):
@@ -71,7 +110,11 @@ def test_a_run_cancelled_during_its_spawn_leaves_nothing_running(
             with pytest.raises(asyncio.CancelledError):
                 await task
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        busy.kill()
+        busy.wait_sync(10)
     # Let every spawn still queued or under way land (the pool's shutdown waits for them):
     # each one that started must then be killed, well before its `sleep 30` could end
     # (nothing here kills them for the test).
@@ -101,7 +144,13 @@ def test_dispose_stops_the_spawner_threads() -> None:
     svc = SubprocessService()
     ex = LocalShellExecutor(service=svc)
     before = {t.ident for t in _spawner_threads()}
-    asyncio.run(ex.run(ex.resolve(ShellExecRequest(command="true"))))
+
+    async def two() -> None:  # the second spawns on the pool while the first runs
+        await asyncio.gather(
+            *(ex.run(ex.resolve(ShellExecRequest(command="sleep 0.2"))) for _ in range(2))
+        )
+
+    asyncio.run(two())
     ours = [t for t in _spawner_threads() if t.ident not in before]
     assert 1 <= len(ours) <= SPAWNER_THREADS
     svc.dispose()
