@@ -69,6 +69,8 @@ pub(crate) struct ProcState {
     pub subscribers: Vec<Arc<Notifier>>,
     pub grace: Duration,
     pub contain: CallContainment,
+    /// A caller blocked in `wait` polls the pipes and pidfd itself (supervisor/handover.rs).
+    pub caller_driven: bool,
 }
 
 /// One managed process group, shared by the supervisor and its callers.
@@ -116,6 +118,7 @@ impl Proc {
                 subscribers: Vec::new(),
                 grace: cfg.grace,
                 contain,
+                caller_driven: false,
             }),
             done: Condvar::new(),
         }
@@ -184,11 +187,16 @@ impl Proc {
         true
     }
 
-    /// While the leader runs, waits on its pidfd in the caller's thread and settles the
-    /// process here when it exits (see `lifecycle::settle_exited`): one wake-up instead of
-    /// the supervisor's then ours. The pidfd is duplicated so that the supervisor may close
-    /// its own at any time without our poll ever watching a reused fd number.
+    /// While the leader runs, the caller drives the process itself (supervisor/handover.rs)
+    /// and settles it here when it exits (see `lifecycle::settle_exited`). Where it cannot
+    /// take the process over (stdin still being fed, another caller driving it), it waits
+    /// on the leader's pidfd alone: one wake-up instead of the supervisor's then ours. The
+    /// pidfd is duplicated so that the supervisor may close its own at any time without
+    /// our poll ever watching a reused fd number.
     fn settle_on_exit(&self, timeout: Option<Duration>) {
+        if timeout != Some(Duration::ZERO) && crate::supervisor::drive_until_exit(self, timeout) {
+            return;
+        }
         let pidfd = {
             let st = lock(&self.state);
             if st.phase != Phase::Running || st.leader.is_some() {

@@ -37,9 +37,12 @@ use nix::sys::epoll::{Epoll, EpollFlags};
 use nix::sys::eventfd::EventFd;
 
 mod containment;
+mod handover;
 mod source;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use handover::drive_until_exit;
 
 use containment::KeeperSlot;
 pub(crate) use source::Source;

@@ -1,0 +1,97 @@
+"""A caller blocked in ``wait`` drives its own process (the supervisor steps aside until the
+leader exits or the wait times out). What users rely on: every byte still arrives, exactly,
+whoever happened to drain it; a wait that times out hands the process back and the
+supervisor carries on; a kill from another thread ends a driven wait."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from shellseam import SubprocessService, _core
+from shellseam.service import ManagedProcess
+
+
+def _spawn(service: SubprocessService, command: str, stdin: bytes = b"") -> ManagedProcess:
+    env = _core.Env.from_pairs([(b"PATH", os.environ.get("PATH", "/usr/bin:/bin").encode())])
+    return service.spawn(
+        program=b"/bin/bash",
+        argv=[b"bash", b"-c", command.encode()],
+        cwd="/",
+        env=env,
+        stdin=stdin,
+        stdout_cap=1 << 20,
+        stderr_cap=1 << 20,
+        spill_cap=1 << 30,
+        grace_ms=300,
+    )
+
+
+def test_output_drained_by_the_waiting_caller_is_exact(service: SubprocessService) -> None:
+    # Several pipe-fulls on both streams, interleaved, while the caller waits.
+    cmd = (
+        "for i in $(seq 1 40); do head -c 30000 /dev/zero | tr '\\0' o; "
+        "head -c 20000 /dev/zero | tr '\\0' e >&2; done; exit 5"
+    )
+    finished = _spawn(service, cmd).wait_result(30)
+    assert finished is not None
+    assert finished.outcome.exit_code == 5
+    assert finished.stdout.total_bytes == 40 * 30000
+    assert finished.stderr.total_bytes == 40 * 20000
+    assert set(finished.stdout.text) == {"o"} and set(finished.stderr.text) == {"e"}
+
+
+def test_a_timed_out_wait_hands_the_process_back(service: SubprocessService) -> None:
+    # Output keeps coming after the caller gave up: the supervisor must drain it (a pipe
+    # nobody drains would block the writer and the command would never finish).
+    cmd = "for i in $(seq 1 30); do head -c 10000 /dev/zero | tr '\\0' x; sleep 0.01; done"
+    proc = _spawn(service, cmd)
+    assert proc.wait_result(0.05) is None
+    deadline = time.monotonic() + 30
+    while not proc.done and time.monotonic() < deadline:
+        time.sleep(0.01)  # nobody waits: only the supervisor can settle it
+    finished = proc.result()
+    assert finished is not None
+    assert finished.outcome.exit_code == 0
+    assert finished.stdout.total_bytes == 300_000
+
+
+def test_a_kill_from_another_thread_ends_a_driven_wait(service: SubprocessService) -> None:
+    proc = _spawn(service, "echo started; exec sleep 30")
+    threading.Timer(0.2, proc.kill).start()
+    started = time.monotonic()
+    finished = proc.wait_result(None)
+    assert finished is not None
+    assert time.monotonic() - started < 10
+    assert finished.outcome.signal == 15
+    assert finished.stdout.text == "started\n"
+
+
+def test_two_waiters_on_one_process_both_see_the_result(service: SubprocessService) -> None:
+    proc = _spawn(service, "sleep 0.3; printf done")
+    results: list[str] = []
+
+    def waiter() -> None:
+        finished = proc.wait_result(30)
+        assert finished is not None
+        results.append(finished.stdout.text)
+
+    threads = [threading.Thread(target=waiter) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == ["done", "done"]
+
+
+def test_a_background_holder_of_the_pipes_is_left_to_the_supervisor(
+    service: SubprocessService,
+) -> None:
+    # The leader exits while a child still holds stdout: the drain grace and the leftover
+    # kill are the supervisor's, after the caller handed the pipes back.
+    proc = _spawn(service, "(sleep 5; echo late) & echo early")
+    finished = proc.wait_result(30)
+    assert finished is not None
+    assert finished.stdout.text == "early\n"
+    assert finished.outcome.leftover_killed == 2  # the subshell and its sleep
