@@ -474,6 +474,20 @@ _PING = b'{"jsonrpc": "2.0", "id": 99, "method": "ping"}\n'
         (b'{"hello": "world", "id": 8}\n', -32600, 8),
         (b"[1, 2, 3]\n", -32600, None),
         (b"[" * 100_000 + b"\n", -32700, None),
+        # An integer past Python's 4,300-digit limit (id or argument): json raises a plain
+        # ValueError, which once crashed the server.
+        (b'{"jsonrpc": "2.0", "id": 1' + b"0" * 5000 + b', "method": "ping"}\n', -32700, None),
+        # Nested deeper than the SDK's own JSON parser allows (but not json's): the SDK
+        # dropped the line without a reply.
+        (
+            b'{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "bash", '
+            b'"arguments": {"x": ' + b"[" * 300 + b"]" * 300 + b"}}}\n",
+            -32700,
+            4,
+        ),
+        # Ids that are neither strings nor integers were taken for notifications: no reply.
+        (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}\n', -32600, None),
+        (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}\n', -32600, None),
     ],
 )
 def test_a_bad_line_gets_an_error_reply_and_the_server_carries_on(

@@ -64,22 +64,42 @@ def check_line(line: bytes) -> tuple[str | None, str | None]:
         return None, error_line(PARSE_ERROR, f"Parse error: invalid UTF-8 at byte {err.start}")
     try:
         message = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        detail = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
-        return None, error_line(PARSE_ERROR, f"Parse error: {detail}")
+    except json.JSONDecodeError as err:
+        return None, error_line(PARSE_ERROR, f"Parse error: {err.msg}")
+    except RecursionError:
+        return None, error_line(PARSE_ERROR, "Parse error: nested too deeply")
+    except ValueError:  # an integer literal past Python's digit limit
+        return None, error_line(PARSE_ERROR, "Parse error: a number is too long")
     request_id = _request_id(message)
+    if isinstance(message, dict) and "id" in message and message["id"] is not None:
+        if request_id is None:  # a float, bool, array or object id: nothing to answer to
+            reason = "Invalid Request: id must be a string or an integer"
+            return None, error_line(INVALID_REQUEST, reason)
     try:
         json.dumps(message, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         reason = "Invalid Request: a string holds a lone surrogate (not valid Unicode)"
         return None, error_line(INVALID_REQUEST, reason, request_id)
     try:
-        types.jsonrpc_message_adapter.validate_python(message, by_name=False)
-    except Exception:  # pydantic's ValidationError, whatever the message's shape
+        # The very parse the SDK runs on the line: its JSON parser has a lower nesting
+        # limit than json's, and a line it refuses would otherwise get no reply at all.
+        types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except Exception as err:  # pydantic's ValidationError, whatever the message's shape
+        if _json_refused(err):
+            return None, error_line(PARSE_ERROR, "Parse error: nested too deeply", request_id)
         return None, error_line(
             INVALID_REQUEST, "Invalid Request: not a JSON-RPC message", request_id
         )
     return text, None
+
+
+def _json_refused(err: Exception) -> bool:
+    """Whether pydantic refused the JSON text itself (not the message's shape)."""
+    errors = getattr(err, "errors", None)
+    try:
+        return callable(errors) and any(e.get("type") == "json_invalid" for e in errors())
+    except Exception:
+        return False
 
 
 class StdoutLines(anyio.AsyncFile[str]):
