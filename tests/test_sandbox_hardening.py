@@ -13,6 +13,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ from shellseam import (
     SubprocessService,
     landlock_abi,
 )
+from shellseam.paths import remove_tree
 from shellseam.sandbox import is_denial
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="kernel has no Landlock")
@@ -239,6 +241,47 @@ def test_background_read_only_tmpdir_is_removed_when_settled(
     while os.path.exists(tmpdir) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not os.path.exists(tmpdir)
+
+
+# Attack: a tree deeper than Python's recursion limit in the call's own $TMPDIR made the
+# cleanup (shutil.rmtree) raise a bare RecursionError out of run_sync and leak the directory.
+def test_a_very_deep_tree_in_the_private_tmpdir_is_removed(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc, "read-only")
+    r = run(
+        ex,
+        "echo $TMPDIR; cd $TMPDIR; for i in $(seq 1500); do mkdir d && cd d; done; "
+        "echo x > f; ln -s / up; echo built",
+    )
+    tmpdir, built = r.stdout.text.split()
+    assert (r.exit_code, built) == (0, "built"), r.stderr.text
+    assert not os.path.exists(tmpdir)
+    assert os.path.isdir("/usr/bin")  # the symlink to / was removed, never followed
+
+
+def test_remove_tree_never_follows_symlinks_and_never_raises(tmp_path: Path) -> None:
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "precious").write_text("x")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "file").write_text("y")
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):  # deeper than PATH_MAX allows to name: built fd by fd
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.symlink(keep, "link", dir_fd=fd)
+    os.close(fd)
+    remove_tree(str(tree))
+    assert not tree.exists()
+    assert (keep / "precious").read_text() == "x"
+    remove_tree(str(tree))  # gone already: nothing to do, no error
+    (tmp_path / "plain").write_text("z")
+    remove_tree(str(tmp_path / "plain"))  # a file: unlinked
+    assert not (tmp_path / "plain").exists()
 
 
 def test_caches_point_at_a_per_service_directory(

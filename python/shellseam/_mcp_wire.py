@@ -71,10 +71,10 @@ def check_line(line: bytes) -> tuple[str | None, str | None]:
     except ValueError:  # an integer literal past Python's digit limit
         return None, error_line(PARSE_ERROR, "Parse error: a number is too long")
     request_id = _request_id(message)
-    if isinstance(message, dict) and "id" in message and message["id"] is not None:
-        if request_id is None:  # a float, bool, array or object id: nothing to answer to
-            reason = "Invalid Request: id must be a string or an integer"
-            return None, error_line(INVALID_REQUEST, reason)
+    has_id = isinstance(message, dict) and message.get("id") is not None
+    if has_id and request_id is None:  # a float, bool, array or object id: no usable id
+        reason = "Invalid Request: id must be a string or an integer"
+        return None, error_line(INVALID_REQUEST, reason)
     try:
         json.dumps(message, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

@@ -13,7 +13,6 @@ import argparse
 import os
 import re
 import resource
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from . import service as _service
 from .factory import MissingExtra, require_extra
 from .limits import containment_report
 from .local import LocalShellExecutor
-from .paths import cli_spill_parents
+from .paths import cli_spill_parents, remove_tree
 from .sandbox import enforcement_for, landlock_abi, sandbox_facts
 from .service import default_spill_parent
 from .types import SANDBOX_MODES
@@ -385,7 +384,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
             if not old:
                 kept += 1
                 continue
-            shutil.rmtree(entry.path, ignore_errors=True)
+            remove_tree(entry.path)
             removed += 1
         print(
             f"removed {removed} spill folder{'s' * (removed != 1)} from {parent}"

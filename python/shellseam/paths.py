@@ -11,6 +11,7 @@ a ``cli/`` folder of that parent, which ``shellseam clean`` sweeps.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from .service import _private_dir, default_spill_parent
@@ -50,3 +51,70 @@ def cli_spill_parents() -> list[str]:
     if other not in parents and os.path.isdir(other):
         parents.append(other)
     return parents
+
+
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> None:
+    """Removes ``path`` and everything under it, however deep; never raises.
+
+    Commands write the trees this removes (a read-only call's ``$TMPDIR``, the cache
+    directory), so it may not recurse (``shutil.rmtree`` hits the recursion limit at ~1,000
+    levels, and ``mkdir d && cd d`` in a loop builds that in a second), may not hold one fd
+    per level, and never follows a symlink. It walks down and back up with one directory
+    fd at a time and a stack of names; what cannot be removed is left in place.
+    """
+    try:
+        fd = os.open(path, _OPEN_DIR)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # not a directory (or already gone)
+        return
+    names: list[str] = []
+    stuck: set[tuple[int, int]] = set()  # (dev, inode) that would not go: skipped from then on
+    try:
+        while True:
+            dev = os.fstat(fd).st_dev
+            sub = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if (dev, entry.inode()) in stuck:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry
+                        break
+                    try:
+                        os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError:
+                        stuck.add((dev, entry.inode()))
+            if sub is not None:
+                try:
+                    child = os.open(sub.name, _OPEN_DIR, dir_fd=fd)
+                except OSError:
+                    stuck.add((dev, sub.inode()))
+                    continue
+                os.close(fd)
+                fd = child
+                names.append(sub.name)
+                continue
+            if not names:
+                break
+            here = os.fstat(fd)
+            parent = os.open("..", _OPEN_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            try:
+                os.rmdir(names.pop(), dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                stuck.add((here.st_dev, here.st_ino))
+    except OSError:
+        pass  # the tree changed under us or the fd limit was hit: leave the rest
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)

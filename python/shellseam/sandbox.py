@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import tempfile
 import threading
 import weakref
@@ -29,6 +28,7 @@ from typing import Any, ClassVar
 from . import service as native
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
+from .paths import remove_tree
 from .service import EnvBuilder, Ruleset, SubprocessService
 from .types import (
     SANDBOX_MODES,
@@ -232,7 +232,7 @@ class _ServiceCache:
         os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
         path = tempfile.mkdtemp(prefix="cache-", dir=service.spill_parent)
         cls._dirs[service] = path
-        weakref.finalize(service, shutil.rmtree, path, True)
+        weakref.finalize(service, remove_tree, path)
         return path
 
 
@@ -433,14 +433,14 @@ class SandboxShellExecutor(LocalShellExecutor):
             finally:
                 os.close(fd)
         except BaseException:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            remove_tree(tmpdir)
             raise
         env = [] if spec.env and "TMPDIR" in spec.env else [(b"TMPDIR", os.fsencode(tmpdir))]
         return Confinement(
             ruleset=ruleset,
             env=env,
             env_builder=self._confined_env,
-            cleanup=lambda: shutil.rmtree(tmpdir, ignore_errors=True),
+            cleanup=lambda: remove_tree(tmpdir),
         )
 
     # -- results ------------------------------------------------------------------------
