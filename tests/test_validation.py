@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 
 from shellseam import (
     AbortController,
     LocalShellExecutor,
+    ResourceLimits,
+    SandboxPolicy,
     SandboxShellExecutor,
     ShellError,
     ShellExecRequest,
@@ -129,7 +132,13 @@ def test_a_request_of_the_wrong_type_is_invalid_request(ex: LocalShellExecutor) 
         {"timeout_ms": 1.5},
         {"stdout_max_bytes": 0},
         {"command": ""},
+        {"command": "x" * (16 * 2**20 + 1)},
         {"workdir": None},
+        {"limits": ResourceLimits(memory_bytes=-1)},
+        {"limits": ResourceLimits(max_processes=0)},
+        {"limits": ResourceLimits(cpu_ms=1.5)},  # type: ignore[arg-type]
+        {"limits": None},
+        {"limits": {"max_processes": 5}},
     ],
 )
 def test_hand_built_specs_are_checked_at_run_and_start(
@@ -141,6 +150,32 @@ def test_hand_built_specs_are_checked_at_run_and_start(
             call(spec)
         assert info.value.code == "INVALID_REQUEST"
     assert ex.service.running == 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"limits": ResourceLimits(memory_bytes=-1)},
+        {"sandbox_policy": SandboxPolicy(mode="workspace-write", workspace_root="ws")},
+        {
+            "sandbox_policy": SandboxPolicy(
+                mode="workspace-write", workspace_root="/tmp", writable_roots=("rel",)
+            )
+        },
+    ],
+)
+def test_a_start_refuses_what_run_refuses_with_invalid_request(
+    service: SubprocessService, tmp_path: os.PathLike[str], fields: dict[str, object]
+) -> None:
+    # SPEC §2: bad values are refused up front, by start as by run, never settled as a
+    # spawn failure.
+    ex = SandboxShellExecutor(cwd=str(tmp_path), grace_ms=300, service=service)
+    spec = dataclasses.replace(ex.resolve(ShellExecRequest(command="true")), **fields)  # type: ignore[arg-type]
+    for call in (ex.run_sync, ex.start):
+        with pytest.raises(ShellError) as info:
+            call(spec)
+        assert info.value.code == "INVALID_REQUEST"
+    assert service.running == 0
 
 
 @pytest.mark.parametrize(
