@@ -48,6 +48,20 @@ def test_bad_numeric_config_names_the_parameter(name: str, value: object, error:
             cls(**{name: value})
 
 
+def test_service_takes_its_arguments_in_spec_order(tmp_path: os.PathLike[str]) -> None:
+    # SPEC §3: SubprocessService(spill_parent=None, max_spill_total_bytes=2**30,
+    # keep_spill=False), positional or by name.
+    svc = SubprocessService(str(tmp_path), 12_345, True)
+    try:
+        assert (svc.spill_parent, svc.max_spill_total_bytes, svc.keep_spill) == (
+            str(tmp_path),
+            12_345,
+            True,
+        )
+    finally:
+        svc.dispose()
+
+
 def test_extreme_but_valid_config_runs(service: SubprocessService) -> None:
     ex = LocalShellExecutor(
         timeout_ms=2**31 - 1,

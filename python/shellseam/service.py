@@ -271,7 +271,6 @@ class SubprocessService:
 
     def __init__(
         self,
-        *,
         spill_parent: str | None = None,
         max_spill_total_bytes: int = 2**30,
         keep_spill: bool = False,
