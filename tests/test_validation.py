@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 
 import pytest
 
 from shellseam import (
     AbortController,
     LocalShellExecutor,
+    ManagedEnvRegistry,
     ResourceLimits,
     SandboxPolicy,
     SandboxShellExecutor,
@@ -46,6 +48,34 @@ def test_bad_numeric_config_names_the_parameter(name: str, value: object, error:
     for cls in (LocalShellExecutor, SandboxShellExecutor):
         with pytest.raises(error, match=name):
             cls(**{name: value})
+
+
+@pytest.mark.parametrize(
+    ("build", "name", "error"),
+    [
+        (lambda: SubprocessService(keep_spill="yes"), "keep_spill", TypeError),
+        (lambda: SubprocessService(keep_spill=1), "keep_spill", TypeError),
+        (lambda: SubprocessService(spill_parent="/x/\0y"), "spill_parent", ValueError),
+        (lambda: SubprocessService(spill_parent=""), "spill_parent", ValueError),
+        (lambda: SubprocessService(spill_parent=b"/tmp"), "spill_parent", TypeError),
+        (lambda: LocalShellExecutor(cwd="/tmp/\0x"), "cwd", ValueError),
+        (lambda: LocalShellExecutor(cwd=""), "cwd", ValueError),
+        (lambda: LocalShellExecutor(cwd=3), "cwd", TypeError),
+        (lambda: SandboxShellExecutor(cwd="/tmp/\0x"), "cwd", ValueError),
+        (lambda: ManagedEnvRegistry(home=5), "home", TypeError),
+        (lambda: ManagedEnvRegistry(home=""), "home", ValueError),
+        (lambda: ManagedEnvRegistry(home="/h/\0"), "home", ValueError),
+        (lambda: ManagedEnvRegistry(home="/h", prefix=5), "prefix", TypeError),
+    ],
+)
+def test_bad_constructor_values_name_the_parameter(
+    build: Callable[[], object], name: str, error: type[Exception]
+) -> None:
+    # SPEC §2: TypeError/ValueError naming the parameter, at construction (a bool must be a
+    # real bool; a path a non-empty str without NUL).
+    with pytest.raises(error) as info:
+        build()
+    assert str(info.value).startswith(name)  # the message itself, not a note added to it
 
 
 def test_service_takes_its_arguments_in_spec_order(tmp_path: os.PathLike[str]) -> None:

@@ -54,6 +54,22 @@ def config_int(value: object, name: str, *, minimum: int, maximum: int) -> int:
     return value
 
 
+def config_bool(value: object, name: str) -> bool:
+    """A flag: a real ``bool``, never a truthy string or number."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def config_path(value: object, name: str) -> str:
+    """A path: a non-empty ``str`` without NUL (which no system call can take)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str path, got {type(value).__name__}")
+    if not value or "\0" in value:
+        raise ValueError(f"{name} must be a non-empty path without NUL, got {value!r}")
+    return value
+
+
 def wait_timeout(timeout: object) -> float | None:
     """A blocking wait's timeout in seconds: None or infinity wait forever; a negative
     timeout polls once."""

@@ -29,6 +29,7 @@ from .checks import (
     check_stdin,
     check_workdir,
     config_int,
+    config_path,
     invalid,
     positive_int,
     request_limits,
@@ -272,8 +273,8 @@ class LocalShellExecutor(ShellExecutor):
         ):
             config_int(value, name, minimum=1, maximum=maximum)
         config_int(grace_ms, "grace_ms", minimum=0, maximum=MAX_TIMEOUT_MS)
-        if cwd is not None and not isinstance(cwd, str):
-            raise TypeError(f"cwd must be a str or None, got {type(cwd).__name__}")
+        if cwd is not None:
+            config_path(cwd, "cwd")
         self.limits = check_limits(limits, where="limits")
         if containment not in ("auto", "session"):
             raise ValueError(f'containment must be "auto" or "session", got {containment!r}')
