@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import os
 import threading
 import time
@@ -492,6 +493,19 @@ def test_background_kill_and_wait(world: World) -> None:
     assert proc.kill() is False
     assert marker_pids(marker) == []
     asyncio.run(proc.wait())
+
+
+def test_wait_sync_takes_timeouts_as_a_local_handle_does(world: World) -> None:
+    # SPEC §2: wait_sync(inf) means no timeout; huge timeouts too, and bad ones give the
+    # local handle's errors (never a bare OverflowError, never a silent False for nan).
+    proc = world.ex.start(spec_of(world.ex, "sleep 0.2"))
+    for bad, error in ((math.nan, ValueError), ("5", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="timeout"):
+            proc.wait_sync(bad)  # type: ignore[arg-type]
+    assert proc.wait_sync(1e300) is True
+    assert proc.exit_code == 0
+    for timeout in (10**400, math.inf, -(10**400), -1, 0):
+        assert proc.wait_sync(timeout) is True
 
 
 def test_done_callbacks_run_once_settled(world: World) -> None:
