@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import math
 import os
 import threading
@@ -28,6 +29,7 @@ from shellseam import (
     BashTool,
     LocalShellExecutor,
     ManagedEnvRegistry,
+    ResourceLimits,
     ShellError,
     ShellExecRequest,
     SubprocessService,
@@ -253,6 +255,28 @@ def test_resolve_is_local_and_validates(world: World) -> None:
         world.executor(grace_ms=-1)  # the local twin validates the config
     with pytest.raises(TypeError, match="service"):
         world.executor(service=world.node.service)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "echo",
+        None,
+        {"command": "true"},
+        ("limits", ResourceLimits(memory_bytes=-1)),
+        ("command", "x" * (16 * 2**20 + 1)),
+        ("timeout_ms", 0),
+    ],
+)
+def test_a_bad_spec_is_invalid_request_before_any_remote_work(world: World, bad: Any) -> None:
+    # As the local executor: run, run_sync and start check the spec first (SPEC §2).
+    if isinstance(bad, tuple):
+        bad = dataclasses.replace(spec_of(world.ex, "true"), **{bad[0]: bad[1]})
+    for call in (world.ex.run_sync, world.ex.start, lambda s: asyncio.run(world.ex.run(s))):
+        with pytest.raises(ShellError) as err:
+            call(bad)
+        assert err.value.code == "INVALID_REQUEST"
+    assert not {"run", "start"} & set(world.transport.delivered)
 
 
 def test_configuration_reads_as_a_local_executors(world: World) -> None:
