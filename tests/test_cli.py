@@ -140,11 +140,14 @@ def test_version_prints_the_installed_version() -> None:
 
 
 def test_bare_shellseam_prints_the_usage_and_exits_2() -> None:
+    # SPEC §6: "`shellseam` alone prints the usage" (on stdout, as --help does; it is not
+    # a usage error's one-line message on stderr).
     p = cli()
-    assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.startswith("usage: shellseam [-h] [--version] COMMAND ...\n")
+    assert p.returncode == 2 and p.stderr == ""
+    assert p.stdout.startswith("usage: shellseam [-h] [--version] COMMAND ...\n")
     for command in ("run", "doctor", "mcp", "clean", "bench"):
-        assert f"\n    {command} " in p.stderr
+        assert f"\n    {command} " in p.stdout
+    assert p.stdout == cli("--help").stdout
 
 
 def test_help_has_examples_and_exit_codes() -> None:

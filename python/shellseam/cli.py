@@ -420,8 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd is None:
-        # Bare `shellseam`: the usage, as argparse does for any missing argument (exit 2).
-        sys.stderr.write(parser.format_help())
+        # Bare `shellseam` prints the usage (SPEC §6) where --help does, on stdout; it still
+        # exits 2, as argparse does for any other missing argument.
+        sys.stdout.write(parser.format_help())
         return EXIT_USAGE
     try:
         return _HANDLERS[args.cmd](args)
