@@ -127,6 +127,11 @@ def test_doctor_reports_landlock_and_limits() -> None:
     assert p.stdout.startswith("landlock abi: ")
     for needle in ("mode read-only", "mode workspace-write", "spill parent:", "defaults:"):
         assert needle in p.stdout
+    lines = p.stdout.splitlines()
+    # SPEC §6: "... spill directory, limits": the default limits, and how each is enforced.
+    assert "default limits: max_processes=4096" in lines
+    (enforced,) = [line for line in lines if line.startswith("limits: ")]
+    assert "max_processes=" in enforced and "memory_bytes=" in enforced
 
 
 # -- conventions: version, usage, help --------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from . import __version__
 from . import service as _service
+from .checks import LIMIT_FIELDS
 from .factory import MissingExtra, require_extra
 from .limits import containment_report
 from .local import LocalShellExecutor
@@ -332,6 +333,9 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
         f"max_output_bytes={ex.max_output_bytes} max_spill_bytes={ex.max_spill_bytes} "
         f"grace_ms={ex.grace_ms}"
     )
+    limits = [(name, getattr(ex.limits, name)) for name in LIMIT_FIELDS]
+    asked = ", ".join(f"{name}={value}" for name, value in limits if value is not None)
+    print(f"default limits: {asked or 'none'}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"open files limit: soft={soft} hard={hard}")
     print(f"pipe max size: {_read_int('/proc/sys/fs/pipe-max-size')} bytes")
