@@ -127,6 +127,11 @@ def test_doctor_reports_landlock_and_limits() -> None:
     assert p.stdout.startswith("landlock abi: ")
     for needle in ("mode read-only", "mode workspace-write", "spill parent:", "defaults:"):
         assert needle in p.stdout
+    lines = p.stdout.splitlines()
+    # SPEC §6: "... spill directory, limits": the default limits, and how each is enforced.
+    assert "default limits: max_processes=4096" in lines
+    (enforced,) = [line for line in lines if line.startswith("limits: ")]
+    assert "max_processes=" in enforced and "memory_bytes=" in enforced
 
 
 # -- conventions: version, usage, help --------------------------------------------------------
@@ -140,11 +145,14 @@ def test_version_prints_the_installed_version() -> None:
 
 
 def test_bare_shellseam_prints_the_usage_and_exits_2() -> None:
+    # SPEC §6: "`shellseam` alone prints the usage" (on stdout, as --help does; it is not
+    # a usage error's one-line message on stderr).
     p = cli()
-    assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.startswith("usage: shellseam [-h] [--version] COMMAND ...\n")
+    assert p.returncode == 2 and p.stderr == ""
+    assert p.stdout.startswith("usage: shellseam [-h] [--version] COMMAND ...\n")
     for command in ("run", "doctor", "mcp", "clean", "bench"):
-        assert f"\n    {command} " in p.stderr
+        assert f"\n    {command} " in p.stdout
+    assert p.stdout == cli("--help").stdout
 
 
 def test_help_has_examples_and_exit_codes() -> None:

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from fakes import run_result as result
 from shellseam import ResourceLimits, ShellError, ShellResources
-from shellseam.limits import check_limits, request_limits, tighten
+from shellseam.checks import check_limits, request_limits
+from shellseam.limits import tighten
 from shellseam.render import render_result
 
 MEMORY = ResourceLimits(memory_bytes=256 * 2**20)

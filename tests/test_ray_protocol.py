@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import math
 import os
 import threading
 import time
@@ -27,6 +29,7 @@ from shellseam import (
     BashTool,
     LocalShellExecutor,
     ManagedEnvRegistry,
+    ResourceLimits,
     ShellError,
     ShellExecRequest,
     SubprocessService,
@@ -252,6 +255,28 @@ def test_resolve_is_local_and_validates(world: World) -> None:
         world.executor(grace_ms=-1)  # the local twin validates the config
     with pytest.raises(TypeError, match="service"):
         world.executor(service=world.node.service)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "echo",
+        None,
+        {"command": "true"},
+        ("limits", ResourceLimits(memory_bytes=-1)),
+        ("command", "x" * (16 * 2**20 + 1)),
+        ("timeout_ms", 0),
+    ],
+)
+def test_a_bad_spec_is_invalid_request_before_any_remote_work(world: World, bad: Any) -> None:
+    # As the local executor: run, run_sync and start check the spec first (SPEC §2).
+    if isinstance(bad, tuple):
+        bad = dataclasses.replace(spec_of(world.ex, "true"), **{bad[0]: bad[1]})
+    for call in (world.ex.run_sync, world.ex.start, lambda s: asyncio.run(world.ex.run(s))):
+        with pytest.raises(ShellError) as err:
+            call(bad)
+        assert err.value.code == "INVALID_REQUEST"
+    assert not {"run", "start"} & set(world.transport.delivered)
 
 
 def test_configuration_reads_as_a_local_executors(world: World) -> None:
@@ -492,6 +517,19 @@ def test_background_kill_and_wait(world: World) -> None:
     assert proc.kill() is False
     assert marker_pids(marker) == []
     asyncio.run(proc.wait())
+
+
+def test_wait_sync_takes_timeouts_as_a_local_handle_does(world: World) -> None:
+    # SPEC §2: wait_sync(inf) means no timeout; huge timeouts too, and bad ones give the
+    # local handle's errors (never a bare OverflowError, never a silent False for nan).
+    proc = world.ex.start(spec_of(world.ex, "sleep 0.2"))
+    for bad, error in ((math.nan, ValueError), ("5", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="timeout"):
+            proc.wait_sync(bad)  # type: ignore[arg-type]
+    assert proc.wait_sync(1e300) is True
+    assert proc.exit_code == 0
+    for timeout in (10**400, math.inf, -(10**400), -1, 0):
+        assert proc.wait_sync(timeout) is True
 
 
 def test_done_callbacks_run_once_settled(world: World) -> None:

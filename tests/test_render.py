@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fakes import collected as out
@@ -180,6 +181,16 @@ def run_results(draw: st.DrawFn) -> ShellRunResult:
 
 
 @given(run_results())
+# Newline-only and all-whitespace streams, pinned: the output's own final newline is the line
+# break before the marker, so the body ends without it (SPEC §5).
+@example(result("\n"))
+@example(result("a\n"))
+@example(result("\n\n", exit_code=None, signal="SIGTERM"))
+@example(result(" \n", exit_code=None, exit_status_unknown=True))
+@example(result("", "\n"))
+@example(result("\n", "\n", 1))
+@example(result(" ", " \t"))
+@example(result("\n", timed_out=True, timeout_ms=5))
 def test_parse_inverts_render(r: ShellRunResult) -> None:
     rendered = render_result(r)
     body, status = parse_exit_status(rendered)
@@ -194,8 +205,13 @@ def test_parse_inverts_render(r: ShellRunResult) -> None:
         marker = f"[exit code: {r.exit_code}]"
     assert rendered.endswith(marker)
     assert body + "\n" + marker == rendered
-    # Everything but the final marker survives, including every other marker.
-    assert body.startswith(r.stdout.text)
+    # Everything but the final marker survives, including every other marker: the body is
+    # the status-free rendering less the line break before the marker. Output ending in a
+    # newline is not followed by another (SPEC §5), so its own final newline is that break
+    # ("a" and "a\n" render alike): the body keeps the stream up to that newline.
+    unstated = replace(r, exit_code=None, signal=None, exit_status_unknown=False)
+    assert body == render_result(unstated).removesuffix("\n")
+    assert (body + "\n").startswith(r.stdout.text)
     if r.timed_out:
         assert f"[timed out after {r.timeout_ms}ms]" in body
 

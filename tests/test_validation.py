@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Callable
 
 import pytest
 
 from shellseam import (
     AbortController,
     LocalShellExecutor,
+    ManagedEnvRegistry,
+    ResourceLimits,
+    SandboxPolicy,
     SandboxShellExecutor,
     ShellError,
     ShellExecRequest,
@@ -43,6 +48,48 @@ def test_bad_numeric_config_names_the_parameter(name: str, value: object, error:
     for cls in (LocalShellExecutor, SandboxShellExecutor):
         with pytest.raises(error, match=name):
             cls(**{name: value})
+
+
+@pytest.mark.parametrize(
+    ("build", "name", "error"),
+    [
+        (lambda: SubprocessService(keep_spill="yes"), "keep_spill", TypeError),
+        (lambda: SubprocessService(keep_spill=1), "keep_spill", TypeError),
+        (lambda: SubprocessService(spill_parent="/x/\0y"), "spill_parent", ValueError),
+        (lambda: SubprocessService(spill_parent=""), "spill_parent", ValueError),
+        (lambda: SubprocessService(spill_parent=b"/tmp"), "spill_parent", TypeError),
+        (lambda: LocalShellExecutor(cwd="/tmp/\0x"), "cwd", ValueError),
+        (lambda: LocalShellExecutor(cwd=""), "cwd", ValueError),
+        (lambda: LocalShellExecutor(cwd=3), "cwd", TypeError),
+        (lambda: SandboxShellExecutor(cwd="/tmp/\0x"), "cwd", ValueError),
+        (lambda: ManagedEnvRegistry(home=5), "home", TypeError),
+        (lambda: ManagedEnvRegistry(home=""), "home", ValueError),
+        (lambda: ManagedEnvRegistry(home="/h/\0"), "home", ValueError),
+        (lambda: ManagedEnvRegistry(home="/h", prefix=5), "prefix", TypeError),
+    ],
+)
+def test_bad_constructor_values_name_the_parameter(
+    build: Callable[[], object], name: str, error: type[Exception]
+) -> None:
+    # SPEC §2: TypeError/ValueError naming the parameter, at construction (a bool must be a
+    # real bool; a path a non-empty str without NUL).
+    with pytest.raises(error) as info:
+        build()
+    assert str(info.value).startswith(name)  # the message itself, not a note added to it
+
+
+def test_service_takes_its_arguments_in_spec_order(tmp_path: os.PathLike[str]) -> None:
+    # SPEC §3: SubprocessService(spill_parent=None, max_spill_total_bytes=2**30,
+    # keep_spill=False), positional or by name.
+    svc = SubprocessService(str(tmp_path), 12_345, True)
+    try:
+        assert (svc.spill_parent, svc.max_spill_total_bytes, svc.keep_spill) == (
+            str(tmp_path),
+            12_345,
+            True,
+        )
+    finally:
+        svc.dispose()
 
 
 def test_extreme_but_valid_config_runs(service: SubprocessService) -> None:
@@ -129,7 +176,13 @@ def test_a_request_of_the_wrong_type_is_invalid_request(ex: LocalShellExecutor) 
         {"timeout_ms": 1.5},
         {"stdout_max_bytes": 0},
         {"command": ""},
+        {"command": "x" * (16 * 2**20 + 1)},
         {"workdir": None},
+        {"limits": ResourceLimits(memory_bytes=-1)},
+        {"limits": ResourceLimits(max_processes=0)},
+        {"limits": ResourceLimits(cpu_ms=1.5)},  # type: ignore[arg-type]
+        {"limits": None},
+        {"limits": {"max_processes": 5}},
     ],
 )
 def test_hand_built_specs_are_checked_at_run_and_start(
@@ -141,6 +194,32 @@ def test_hand_built_specs_are_checked_at_run_and_start(
             call(spec)
         assert info.value.code == "INVALID_REQUEST"
     assert ex.service.running == 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"limits": ResourceLimits(memory_bytes=-1)},
+        {"sandbox_policy": SandboxPolicy(mode="workspace-write", workspace_root="ws")},
+        {
+            "sandbox_policy": SandboxPolicy(
+                mode="workspace-write", workspace_root="/tmp", writable_roots=("rel",)
+            )
+        },
+    ],
+)
+def test_a_start_refuses_what_run_refuses_with_invalid_request(
+    service: SubprocessService, tmp_path: os.PathLike[str], fields: dict[str, object]
+) -> None:
+    # SPEC §2: bad values are refused up front, by start as by run, never settled as a
+    # spawn failure.
+    ex = SandboxShellExecutor(cwd=str(tmp_path), grace_ms=300, service=service)
+    spec = dataclasses.replace(ex.resolve(ShellExecRequest(command="true")), **fields)  # type: ignore[arg-type]
+    for call in (ex.run_sync, ex.start):
+        with pytest.raises(ShellError) as info:
+            call(spec)
+        assert info.value.code == "INVALID_REQUEST"
+    assert service.running == 0
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import fields
 
 from .abort import AbortSignal
 from .errors import INVALID_REQUEST, ShellError
-from .types import SandboxPolicy, ShellExecSpec
+from .types import ResourceLimits, SandboxPolicy, ShellExecSpec
 
 #: The longest timeout (and grace) in milliseconds: 2**31 - 1 (~24.8 days), the ceiling of
 #: the seeds' JavaScript timers and of one poll/epoll wait.
@@ -22,6 +23,13 @@ MAX_TIMEOUT_MS = 2**31 - 1
 MAX_WAIT_S = 2**30
 #: The largest byte budget: what a file offset can address.
 MAX_BYTES = 2**63 - 1
+#: The longest command accepted (SPEC §3).
+MAX_COMMAND_BYTES = 16 * 2**20
+#: Largest value any limit accepts: rlimits and cgroup files take 64-bit values, and an
+#: i64 keeps every conversion exact.
+MAX_LIMIT = 2**63 - 1
+
+LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ResourceLimits))
 
 
 def invalid(reason: str) -> ShellError:
@@ -43,6 +51,22 @@ def config_int(value: object, name: str, *, minimum: int, maximum: int) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if not minimum <= value <= maximum:
         raise ValueError(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def config_bool(value: object, name: str) -> bool:
+    """A flag: a real ``bool``, never a truthy string or number."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def config_path(value: object, name: str) -> str:
+    """A path: a non-empty ``str`` without NUL (which no system call can take)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str path, got {type(value).__name__}")
+    if not value or "\0" in value:
+        raise ValueError(f"{name} must be a non-empty path without NUL, got {value!r}")
     return value
 
 
@@ -90,6 +114,9 @@ def check_command(command: object) -> str:
     if "\0" in command:
         raise invalid("command contains a NUL byte")
     check_text(command, "command")
+    # A UTF-8 character takes at most 4 bytes: only a long command is encoded to measure it.
+    if len(command) > MAX_COMMAND_BYTES // 4 and len(command.encode()) > MAX_COMMAND_BYTES:
+        raise invalid(f"command is longer than {MAX_COMMAND_BYTES} bytes")
     return command
 
 
@@ -135,6 +162,29 @@ def check_policy(policy: object) -> None:
         )
 
 
+def check_limits(limits: object, *, where: str) -> ResourceLimits:
+    """Validates executor configuration: ``TypeError``/``ValueError`` naming the field."""
+    if not isinstance(limits, ResourceLimits):
+        raise TypeError(f"{where} must be a ResourceLimits, got {type(limits).__name__}")
+    for name in LIMIT_FIELDS:
+        value = getattr(limits, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where}.{name} must be an int or None, got {value!r}")
+        if not 0 < value <= MAX_LIMIT:
+            raise ValueError(f"{where}.{name} must be a positive integer, got {value!r}")
+    return limits
+
+
+def request_limits(limits: object) -> ResourceLimits:
+    """Validates a request's limits: ``ShellError(INVALID_REQUEST)`` naming the field."""
+    try:
+        return check_limits(limits, where="limits")
+    except (TypeError, ValueError) as err:
+        raise invalid(str(err)) from None
+
+
 def check_spec(spec: object) -> ShellExecSpec:
     """A spec as ``resolve`` would have produced it; hand-built specs are checked here."""
     if not isinstance(spec, ShellExecSpec):
@@ -148,4 +198,5 @@ def check_spec(spec: object) -> ShellExecSpec:
     check_env(spec.env, "env")
     check_env(spec.managed_env, "managed_env")
     check_policy(spec.sandbox_policy)
+    request_limits(spec.limits)
     return spec

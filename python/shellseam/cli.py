@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from . import __version__
 from . import service as _service
+from .checks import LIMIT_FIELDS
 from .factory import MissingExtra, require_extra
 from .limits import containment_report
 from .local import LocalShellExecutor
@@ -331,6 +332,9 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
         f"max_output_bytes={ex.max_output_bytes} max_spill_bytes={ex.max_spill_bytes} "
         f"grace_ms={ex.grace_ms}"
     )
+    limits = [(name, getattr(ex.limits, name)) for name in LIMIT_FIELDS]
+    asked = ", ".join(f"{name}={value}" for name, value in limits if value is not None)
+    print(f"default limits: {asked or 'none'}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"open files limit: soft={soft} hard={hard}")
     print(f"pipe max size: {_read_int('/proc/sys/fs/pipe-max-size')} bytes")
@@ -419,8 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd is None:
-        # Bare `shellseam`: the usage, as argparse does for any missing argument (exit 2).
-        sys.stderr.write(parser.format_help())
+        # Bare `shellseam` prints the usage (SPEC §6) where --help does, on stdout; it still
+        # exits 2, as argparse does for any other missing argument.
+        sys.stdout.write(parser.format_help())
         return EXIT_USAGE
     try:
         return _HANDLERS[args.cmd](args)

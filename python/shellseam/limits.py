@@ -1,50 +1,20 @@
-"""Resource limits: validation, tightening, and the host's containment facts.
+"""Resource limits: tightening, and the host's containment facts.
 
 An executor's ``limits`` are ceilings set by whoever built it; a request may only tighten
-them (field-wise minimum). Values are positive ints: a constructor refuses anything else
-with ``TypeError``/``ValueError`` naming the field, a request with ``INVALID_REQUEST``.
-The kernel-facing ceilings keep a value within what ``setrlimit``/cgroup files accept.
+them (field-wise minimum). Their validation lives with the seam's other checks
+(``checks.check_limits`` for constructors, ``checks.request_limits`` for requests and specs).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Literal
 
-from .errors import INVALID_REQUEST, ShellError
+from .checks import LIMIT_FIELDS
 from .service import NativeResources, host_containment
 from .types import LimitEnforcement, LimitName, ResourceLimits, ShellResources
 
-#: Largest value any limit accepts: rlimits and cgroup files take 64-bit values, and an
-#: i64 keeps every conversion exact.
-MAX_LIMIT = 2**63 - 1
-
-LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ResourceLimits))
-
 Enforcement = Literal["tree", "process", "unavailable"]
-
-
-def check_limits(limits: object, *, where: str) -> ResourceLimits:
-    """Validates executor configuration: ``TypeError``/``ValueError`` naming the field."""
-    if not isinstance(limits, ResourceLimits):
-        raise TypeError(f"{where} must be a ResourceLimits, got {type(limits).__name__}")
-    for name in LIMIT_FIELDS:
-        value = getattr(limits, name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{where}.{name} must be an int or None, got {value!r}")
-        if not 0 < value <= MAX_LIMIT:
-            raise ValueError(f"{where}.{name} must be a positive integer, got {value!r}")
-    return limits
-
-
-def request_limits(limits: object) -> ResourceLimits:
-    """Validates a request's limits: ``ShellError(INVALID_REQUEST)`` naming the field."""
-    try:
-        return check_limits(limits, where="limits")
-    except (TypeError, ValueError) as err:
-        raise ShellError(INVALID_REQUEST, str(err)) from None
 
 
 def tighten(ceiling: ResourceLimits, request: ResourceLimits | None) -> ResourceLimits:

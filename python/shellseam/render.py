@@ -181,6 +181,10 @@ def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
     ``{"unknown": True}``; ``body`` is then the text before that line without the newline
     preceding it. Otherwise the status is None and ``body`` is ``text`` unchanged.
 
+    Output that ends in a newline gets no second one before the marker, so its own final
+    newline is the one removed: ``"a\\n[exit code: 0]"`` gives ``"a"`` whether stdout was
+    ``"a"`` or ``"a\\n"`` (the rendering cannot tell them apart; SPEC §5 fixes both strings).
+
     Known presentation-only residue (as in the seed): the parser cannot tell a rendered
     marker from output whose own last line looks like one. Text that did not come from
     ``render_result`` but ends in such a line has that line consumed as the status. Output

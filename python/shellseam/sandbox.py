@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from . import service as native
+from .checks import config_bool
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
 from .paths import remove_tree
@@ -267,8 +268,7 @@ class SandboxShellExecutor(LocalShellExecutor):
     ) -> None:
         if mode not in SANDBOX_MODES:
             raise ValueError(f"mode must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}")
-        if not isinstance(protect_harness, bool):
-            raise TypeError("protect_harness must be a bool")
+        config_bool(protect_harness, "protect_harness")
         super().__init__(**config)
         self.default_mode: SandboxMode = mode
         self.sandbox_mode = mode

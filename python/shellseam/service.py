@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeAlias, TypeVar, cast
 
 from . import _core
-from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_int
+from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_bool, config_int, config_path
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
 from .types import ResourceLimits
 
@@ -271,16 +271,18 @@ class SubprocessService:
 
     def __init__(
         self,
-        *,
         spill_parent: str | None = None,
         max_spill_total_bytes: int = 2**30,
         keep_spill: bool = False,
     ) -> None:
-        if spill_parent is not None and not isinstance(spill_parent, str):
-            raise TypeError(f"spill_parent must be str, got {type(spill_parent).__name__}")
-        parent = spill_parent if spill_parent is not None else default_spill_parent()
+        parent = (
+            default_spill_parent()
+            if spill_parent is None
+            else config_path(spill_parent, "spill_parent")
+        )
         self.spill_parent = os.path.abspath(parent)
         self.max_spill_total_bytes = _check_spill_total(max_spill_total_bytes)
+        config_bool(keep_spill, "keep_spill")
         self._supervisor = _core.Supervisor(
             self.spill_parent, self.max_spill_total_bytes, _keeper_command(), keep_spill
         )

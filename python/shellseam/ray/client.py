@@ -1,9 +1,10 @@
 """``RemoteShellExecutor``: the seam over any ``Transport``, through a ``NodeLink``.
 
 It resolves locally (a local twin with the same config makes exactly the checks a local
-executor makes) and runs on the node; results are the node's own dataclasses. Aborts are
-forwarded by call id, cancellation returns only once the node reports the process reaped,
-and a lost or silent node is ``ShellError(REMOTE_UNAVAILABLE)``.
+executor makes), checks every spec before sending it, as a local executor does, and runs on
+the node; results are the node's own dataclasses. Aborts are forwarded by call id,
+cancellation returns only once the node reports the process reaped, and a lost or silent
+node is ``ShellError(REMOTE_UNAVAILABLE)``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ..checks import check_spec
 from ..errors import REMOTE_UNAVAILABLE, ShellError
 from ..executor import ShellExecutor
 from ..local import LocalShellExecutor
@@ -163,6 +165,7 @@ class RemoteShellExecutor(ShellExecutor):
         return _unavailable(f"node {self.node_id} stopped answering (watchdog)")
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return aborted_before_start(spec)
         call = self._message(spec)
@@ -196,6 +199,7 @@ class RemoteShellExecutor(ShellExecutor):
             )
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
+        check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return aborted_before_start(spec)
         call = self._message(spec)
@@ -239,6 +243,7 @@ class RemoteShellExecutor(ShellExecutor):
     # -- background --------------------------------------------------------------------
 
     def start(self, spec: ShellExecSpec) -> ShellProcess:
+        check_spec(spec)
         call = self._message(spec)
         transport = self._link.transport()
         until = time.monotonic() + self._link.slack_s

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..checks import wait_timeout
 from ..process import ShellProcess
 from ..types import (
     ProcessStatus,
@@ -221,9 +221,7 @@ class RemoteShellProcess(ShellProcess):
         await fut
 
     def wait_sync(self, timeout: float | None = None) -> bool:
-        if timeout is not None and math.isinf(timeout):
-            timeout = None
-        return self._settled.wait(timeout)
+        return self._settled.wait(wait_timeout(timeout))
 
     def add_done_callback(self, cb: Callable[[ShellProcess], None]) -> None:
         with self._lock:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..checks import config_path
+
 if TYPE_CHECKING:
     from .context import ToolContext
 
@@ -38,9 +40,11 @@ class ManagedEnvRegistry:
     """Collects the managed environment for one tool call."""
 
     def __init__(self, *, home: str, prefix: str = "DSH_") -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
         if not prefix:
-            raise ValueError("managed env prefix must be non-empty")
-        self.home = os.path.abspath(home)
+            raise ValueError("prefix must be non-empty (the managed env prefix)")
+        self.home = os.path.abspath(config_path(home, "home"))
         self.prefix = prefix
         self._builtin_keys = frozenset(prefix + suffix for suffix in _BUILTIN_SUFFIXES)
         self._lock = threading.Lock()
