@@ -281,6 +281,7 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     drain_stream(proc, st, false, &mut scratch, Drain::Final);
     st.stdout.collector.flush();
     st.stderr.collector.flush();
+    lock(&proc.shared.spill).keep_private();
     close_pidfd(proc, st);
     st.contain.stamp();
     proc.shared.end_containment(proc.pid, &mut st.contain);

@@ -179,6 +179,19 @@ impl SpillDir {
         ))
     }
 
+    /// Puts the directory's mode back to 0700 if a command changed it. Landlock has no right
+    /// for `chmod`, so a workspace-write command running as the harness's uid can open the
+    /// directory to other users (who could then replace what the model reads); while it is
+    /// 0700 again the files' own modes do not matter. Called as each call finishes.
+    pub fn keep_private(&self) {
+        let Some(fd) = &self.fd else { return };
+        if let Ok(st) = nix::sys::stat::fstat(fd) {
+            if st.st_mode & 0o7777 != 0o700 {
+                let _ = nix::sys::stat::fchmod(fd, nix::sys::stat::Mode::from_bits_truncate(0o700));
+            }
+        }
+    }
+
     /// Creates a new private spill file; `label` only helps a human reading the directory.
     pub fn create_file(&mut self, label: &str) -> io::Result<(SpillFile, PathBuf)> {
         let (dir, dirfd) = self.ensure()?;

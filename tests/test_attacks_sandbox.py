@@ -519,6 +519,21 @@ def test_7_confined_command_cannot_touch_the_spill_dir(
     assert all(n.startswith(("stdout-", "stderr-")) for n in names)
 
 
+# Attack: Landlock has no right for chmod, so a workspace-write command (the harness's uid)
+# opened the spill directory to every local user, who could then replace what the model
+# reads. The service puts it back to 0700 as the call finishes.
+def test_7_a_chmodded_spill_dir_is_private_again_when_the_call_ends(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc, max_output_bytes=10)
+    path = run(ex, "seq 1 100").stdout.spill_path
+    assert path is not None
+    d = os.path.dirname(path)
+    r = run(ex, f"chmod 0777 {d} && stat -c %a {d}")
+    assert r.stdout.text.startswith("777"), r.stderr.text  # the command did change it
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+
+
 def test_7_a_swapped_spill_dir_never_redirects_later_spill_files(
     box: dict[str, str], svc: SubprocessService
 ) -> None:
