@@ -12,7 +12,10 @@
 //!   `TIOCLINUX` (keystroke injection);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
 //!   `FS_IOC_SETFLAGS`/`FS_IOC_FSSETXATTR`);
-//! - `network=False`: `socket()` for every family (`socketpair` still works).
+//! - `network=False`: `socket()` for every family, and `socketpair` of any type but
+//!   `SOCK_STREAM` (a pair of datagram sockets is unconnected: `sendto` with a path, or
+//!   `connect`, reaches any pathname unix socket it can see, `/dev/log` included; a connected
+//!   stream socket refuses both with `EISCONN`).
 //!
 //! A syscall made through another architecture's ABI (x32, or i386 `int 0x80` on x86_64)
 //! would be numbered differently: the filter kills such a process instead of guessing.
@@ -28,6 +31,7 @@ const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
 const BPF_JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
 const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
 const BPF_JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const BPF_AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
 const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 const RET_ALLOW: u32 = 0x7fff_0000;
@@ -61,6 +65,10 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWCGROUP) as u32;
+
+/// The socket type in `socket`/`socketpair`'s type argument (the rest are `SOCK_NONBLOCK`
+/// and `SOCK_CLOEXEC`).
+const SOCK_TYPE_MASK: u32 = 0xf;
 
 /// `FS_IOC_SETFLAGS` (chattr) and `FS_IOC_FSSETXATTR`: metadata writes through ioctl.
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
@@ -154,6 +162,16 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
         p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
         p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
     }
+    if policy.deny_sockets {
+        // socketpair(domain, type, ...): a stream pair only (A still holds the number when
+        // skipped).
+        p.push(jump(BPF_JEQ_K, libc::SYS_socketpair as u32, 0, 5));
+        p.push(stmt(BPF_LD_W_ABS, off_arg_low(1)));
+        p.push(stmt(BPF_AND_K, SOCK_TYPE_MASK));
+        p.push(jump(BPF_JEQ_K, libc::SOCK_STREAM as u32, 0, 1));
+        p.push(stmt(BPF_RET_K, RET_ALLOW));
+        p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+    }
     // clone3 passes its flags in memory a filter cannot read: make libc fall back to clone.
     p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
     p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
@@ -204,6 +222,10 @@ mod tests {
                     pc += 1;
                 }
                 BPF_RET_K => return ins.k,
+                BPF_AND_K => {
+                    acc &= ins.k;
+                    pc += 1;
+                }
                 code => {
                     let taken = match code {
                         BPF_JEQ_K => acc == ins.k,
@@ -231,6 +253,9 @@ mod tests {
         for nr in [libc::SYS_read, libc::SYS_openat, libc::SYS_socket] {
             assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), RET_ALLOW);
         }
+        let dgram = libc::SOCK_DGRAM as u32;
+        let pair = libc::SYS_socketpair as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, dgram]), RET_ALLOW);
         let ioctl = libc::SYS_ioctl as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]), EPERM);
         assert_eq!(
@@ -252,7 +277,12 @@ mod tests {
         let sock = libc::SYS_socket as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, sock, [0, 0]), EPERM);
         let pair = libc::SYS_socketpair as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH, pair, [0, 0]), RET_ALLOW);
+        let stream = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, stream]), RET_ALLOW);
+        for kind in [libc::SOCK_DGRAM, libc::SOCK_SEQPACKET, libc::SOCK_RAW] {
+            let kind = (kind | libc::SOCK_CLOEXEC) as u32;
+            assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, kind]), EPERM, "{kind}");
+        }
         let chmod = libc::SYS_fchmodat as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, chmod, [0, 0]), RET_ALLOW);
         assert_eq!(run(&prog, 0x4000_0003, sock, [0, 0]), RET_KILL_PROCESS);

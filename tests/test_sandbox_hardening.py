@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -188,6 +189,93 @@ def test_no_signal_leaves_the_domain(box: dict[str, str], svc: SubprocessService
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- network=False: no way to a unix socket --------------------------------------------------
+
+
+def no_network(box: dict[str, str], mode: str, network: bool = False) -> SandboxPolicy:
+    return SandboxPolicy(mode=mode, workspace_root=box["ws"], network=network)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b'leak', {path!r})",
+        "a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.connect({path!r}); "
+        "a.send(b'leak')",
+        "a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET); a.connect({path!r})",
+    ],
+)
+def test_no_socketpair_but_a_stream_one_reaches_a_pathname_socket(
+    box: dict[str, str], svc: SubprocessService, mode: str, attack: str
+) -> None:
+    """An unconnected datagram socket from `socketpair` sends to any socket path it can see
+    (`/dev/log`, an agent's datagram socket): without network only stream pairs are made."""
+    path = os.path.join(box["base"], "srv.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        server.setblocking(False)
+        r = run(
+            sandbox(box, svc, mode),
+            py(f"import socket; {attack.format(path=path)}"),
+            sandbox_policy=no_network(box, mode),
+        )
+        assert r.exit_code != 0 and "Operation not permitted" in r.stderr.text, r.stderr.text
+        with pytest.raises(BlockingIOError):
+            server.recv(16)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_stream_socketpair_works_and_reaches_nothing_else(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    path = os.path.join(box["base"], "srv.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(1)
+        server.setblocking(False)
+        r = run(
+            sandbox(box, svc, mode),
+            py(f"""
+                import errno, socket
+                kind = socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+                a, b = socket.socketpair(socket.AF_UNIX, kind)
+                a.send(b"x"); print(b.recv(1))
+                for attempt in (lambda: a.sendto(b"leak", {path!r}), lambda: a.connect({path!r})):
+                    try:
+                        attempt()
+                    except OSError as e:
+                        print(errno.errorcode[e.errno])
+            """),
+            sandbox_policy=no_network(box, mode),
+        )
+        assert r.stdout.text == "b'x'\nEISCONN\nEISCONN\n", r.stderr.text
+        with pytest.raises(BlockingIOError):
+            server.accept()
+
+
+def test_with_network_a_datagram_socketpair_still_works(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    """network=True changes nothing: reaching a pathname unix socket stays possible there
+    (documented; Landlock has no right for it)."""
+    path = os.path.join(box["base"], "srv.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        server.settimeout(5)
+        r = run(
+            sandbox(box, svc, "read-only"),
+            py(f"""
+                import socket
+                a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                a.sendto(b"hello", {path!r})
+            """),
+            sandbox_policy=no_network(box, "read-only", network=True),
+        )
+        assert r.exit_code == 0, r.stderr.text
+        assert server.recv(16) == b"hello"
 
 
 # -- what must keep working ------------------------------------------------------------------
