@@ -11,14 +11,18 @@
 //!   answers `ENOSYS` so libc falls back to `clone`), and the terminal ioctls `TIOCSTI` and
 //!   `TIOCLINUX` (keystroke injection);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
-//!   `FS_IOC_SETFLAGS`/`FS_IOC_FSSETXATTR`);
+//!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
+//!   generation);
 //! - `network=False`: `socket()` for every family, and `socketpair` of any type but
 //!   `SOCK_STREAM` (a pair of datagram sockets is unconnected: `sendto` with a path, or
 //!   `connect`, reaches any pathname unix socket it can see, `/dev/log` included; a connected
 //!   stream socket refuses both with `EISCONN`).
 //!
 //! A syscall made through another architecture's ABI (x32, or i386 `int 0x80` on x86_64)
-//! would be numbered differently: the filter kills such a process instead of guessing.
+//! would be numbered differently: the filter kills such a process instead of guessing. A
+//! syscall newer than this filter (numbered from `FIRST_UNKNOWN_SYSCALL` on) answers `ENOSYS`
+//! in every confined mode, so that a future kernel's call cannot do what the filter refuses
+//! through an older one; libc falls back on `ENOSYS` to the call it replaces.
 
 /// What the filter refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +61,10 @@ const AUDIT_ARCH: u32 = 0xC000_00F3;
 const SYS_FCHMODAT2: i64 = 452;
 const SYS_SETXATTRAT: i64 = 463;
 const SYS_REMOVEXATTRAT: i64 = 466;
+const SYS_FILE_SETATTR: i64 = 469;
+/// One past the newest syscall this filter was written for (`file_setattr`, Linux 6.17).
+/// Raise it only after judging every syscall below the new value.
+const FIRST_UNKNOWN_SYSCALL: u32 = 470;
 
 const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
@@ -70,9 +78,18 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
 /// and `SOCK_CLOEXEC`).
 const SOCK_TYPE_MASK: u32 = 0xf;
 
-/// `FS_IOC_SETFLAGS` (chattr) and `FS_IOC_FSSETXATTR`: metadata writes through ioctl.
-const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// Metadata writes through ioctl, read-only refuses them: inode flags (chattr), extended
+/// file attributes, and the inode generation (ext4's and the generic request, each also in
+/// its 32-bit encoding, which a driver may accept from a 64-bit caller too).
+const METADATA_IOCTLS: [u32; 7] = [
+    0x4008_6602, // FS_IOC_SETFLAGS
+    0x4004_6602, // FS_IOC32_SETFLAGS
+    0x401c_5820, // FS_IOC_FSSETXATTR
+    0x4008_7602, // FS_IOC_SETVERSION
+    0x4004_7602, // FS_IOC32_SETVERSION
+    0x4008_6604, // EXT4_IOC_SETVERSION
+    0x4004_6604, // EXT4_IOC32_SETVERSION
+];
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
@@ -124,6 +141,7 @@ fn metadata_writes() -> Vec<i64> {
         libc::SYS_lremovexattr,
         libc::SYS_fremovexattr,
         SYS_REMOVEXATTRAT,
+        SYS_FILE_SETATTR,
     ];
     #[cfg(target_arch = "x86_64")]
     nrs.extend([
@@ -151,6 +169,8 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
         p.push(jump(BPF_JGE_K, 0x4000_0000, 0, 1));
         p.push(stmt(BPF_RET_K, RET_KILL_PROCESS));
     }
+    p.push(jump(BPF_JGE_K, FIRST_UNKNOWN_SYSCALL, 0, 1));
+    p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
     let mut denied = always_denied();
     if policy.read_only {
         denied.extend(metadata_writes());
@@ -185,7 +205,7 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
     // is exact.
     let mut cmds = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
     if policy.read_only {
-        cmds.extend([FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR]);
+        cmds.extend(METADATA_IOCTLS);
     }
     let n = cmds.len() as u8;
     p.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, n + 3));
@@ -257,7 +277,9 @@ mod tests {
         let pair = libc::SYS_socketpair as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, dgram]), RET_ALLOW);
         let ioctl = libc::SYS_ioctl as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]), EPERM);
+        for cmd in METADATA_IOCTLS {
+            assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, cmd]), EPERM, "{cmd:#x}");
+        }
         assert_eq!(
             run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCSTI as u32]),
             EPERM
@@ -266,6 +288,23 @@ mod tests {
             run(&prog, AUDIT_ARCH, ioctl, [1, libc::TCGETS as u32]),
             RET_ALLOW
         );
+    }
+
+    #[test]
+    fn syscalls_newer_than_the_filter_answer_enosys_in_every_mode() {
+        let enosys = RET_ERRNO | libc::ENOSYS as u32;
+        for (read_only, deny_sockets) in [(true, true), (false, false)] {
+            let prog = build(FilterPolicy {
+                read_only,
+                deny_sockets,
+            });
+            for nr in [FIRST_UNKNOWN_SYSCALL, 511, 0x3fff_ffff] {
+                assert_eq!(run(&prog, AUDIT_ARCH, nr, [0, 0]), enosys, "nr {nr}");
+            }
+            let newest = SYS_FILE_SETATTR as u32;
+            let expected = if read_only { EPERM } else { RET_ALLOW };
+            assert_eq!(run(&prog, AUDIT_ARCH, newest, [0, 0]), expected);
+        }
     }
 
     #[test]
@@ -295,10 +334,13 @@ mod tests {
         let enosys = RET_ERRNO | libc::ENOSYS as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone3, [0, 0]), enosys);
         let ioctl = libc::SYS_ioctl as u32;
-        assert_eq!(
-            run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]),
-            RET_ALLOW
-        );
+        for cmd in METADATA_IOCTLS {
+            assert_eq!(
+                run(&prog, AUDIT_ARCH, ioctl, [1, cmd]),
+                RET_ALLOW,
+                "{cmd:#x}"
+            );
+        }
         assert_eq!(
             run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCLINUX as u32]),
             EPERM

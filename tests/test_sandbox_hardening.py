@@ -4,6 +4,8 @@ caches, honest denials)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -142,6 +144,71 @@ def test_dangerous_syscalls_are_refused(
         pytest.skip("syscall numbers of x86_64")
     r = run(sandbox(box, svc, "read-only"), errno_of(call))
     assert r.stdout.text == f"{expected}\n", (name, r.stderr.text)
+
+
+def _metadata(path: str) -> tuple[object, ...]:
+    """What a metadata write could change: stat, xattrs, inode flags and generation."""
+    st = os.stat(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        xattr = fcntl.ioctl(fd, 0x801C581F, bytes(28))  # FS_IOC_FSGETXATTR
+        try:
+            version = fcntl.ioctl(fd, 0x80087601, bytes(8))  # FS_IOC_GETVERSION
+        except OSError:
+            version = b""
+    finally:
+        os.close(fd)
+    return (st.st_mode, st.st_uid, st.st_mtime_ns, os.listxattr(path), xattr, version)
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        # file_setattr(AT_FDCWD, path, &file_attr{xflags=NODUMP}, 24, 0)
+        (
+            "file_setattr",
+            "libc.syscall(469, -100, {f!r}, ctypes.create_string_buffer(b'\\x80', 24), 24, 0)",
+        ),
+        # setxattrat(AT_FDCWD, path, 0, name, &xattr_args{value, size=1}, 16)
+        (
+            "setxattrat",
+            "libc.syscall(463, -100, {f!r}, 0, b'user.x', (ctypes.c_uint64 * 2)"
+            "(ctypes.addressof(v := ctypes.create_string_buffer(b'1')), 1), 16)",
+        ),
+        ("removexattrat", "libc.syscall(466, -100, {f!r}, 0, b'user.keep')"),
+        ("FS_IOC_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40087602, {v})"),
+        ("FS_IOC32_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40047602, {v})"),
+        ("EXT4_IOC_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40086604, {v})"),
+        ("EXT4_IOC32_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40046604, {v})"),
+        ("FS_IOC32_SETFLAGS", "libc.ioctl(libc.open({f!r}, 0), 0x40046602, {v})"),
+    ],
+)
+def test_read_only_refuses_metadata_writes_through_newer_calls(
+    box: dict[str, str], svc: SubprocessService, name: str, call: str
+) -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    f = box["file"]
+    with contextlib.suppress(OSError):  # a file system without user xattrs
+        os.setxattr(f, "user.keep", b"1")
+    before = _metadata(f)
+    value = "ctypes.byref(ctypes.c_long(0x80))"
+    r = run(sandbox(box, svc, "read-only"), errno_of(call.format(f=f.encode(), v=value)))
+    assert r.stdout.text == "EPERM\n", (name, r.stderr.text)
+    assert _metadata(f) == before
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_a_syscall_newer_than_the_filter_answers_enosys(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """A syscall the filter cannot know (a future kernel's) never slips past it: ENOSYS, on
+    which libc falls back to an older call the filter does judge."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    for nr in (470, 511, 1000):
+        r = run(sandbox(box, svc, mode), errno_of(f"libc.syscall({nr}, 0, 0, 0)"))
+        assert r.stdout.text == "ENOSYS\n", (nr, r.stderr.text)
 
 
 def test_the_harness_cannot_be_traced_or_inspected(

@@ -485,9 +485,9 @@ def sandbox_facts() -> list[str]:
         "confined modes add: every capability dropped (bounding set cleared"
         + ("" if can_setpcap else ": the harness lacks CAP_SETPCAP, nothing to clear")
         + "), securebits locked, no_new_privs, no terminal, a seccomp filter (sockets and "
-        "non-stream socketpairs refused when network=False; chmod/chown/utime/xattr writes "
-        "refused in read-only; keyrings, io_uring, new namespaces, TIOCSTI/TIOCLINUX always "
-        "refused)",
+        "non-stream socketpairs refused when network=False; chmod/chown/utime/xattr/"
+        "file-attribute writes refused in read-only; keyrings, io_uring, new namespaces, "
+        "TIOCSTI/TIOCLINUX always refused; syscalls newer than the filter answer ENOSYS)",
         "harness protection: a SandboxShellExecutor makes the harness non-dumpable "
         f"(protect_harness=True; dumpable now: {native.harness_dumpable()})",
         "denial detection: permission signatures in the stdout/stderr tails "
