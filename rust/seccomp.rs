@@ -7,9 +7,11 @@
 //! gain for a filter this small, and nothing of it runs in the child but `seccomp(2)`):
 //! - every confined mode: keyrings (`keyctl`, `add_key`, `request_key`: the harness's session
 //!   keyring is shared with its children), `io_uring` (its operations bypass seccomp: sockets,
-//!   xattrs), `bpf` and `userfaultfd` (kernel attack surface no command needs), new namespaces (`unshare`, `setns`, `clone` with a namespace flag; `clone3`
-//!   answers `ENOSYS` so libc falls back to `clone`), and the terminal ioctls `TIOCSTI` and
-//!   `TIOCLINUX` (keystroke injection);
+//!   xattrs), `bpf` and `userfaultfd` (kernel attack surface no command needs), new
+//!   namespaces (`unshare`, `setns`, `clone` with a namespace flag), `clone` with
+//!   `CLONE_PARENT` (its child would be the harness's, a zombie nobody reaps: `clone3`
+//!   answers `ENOSYS` so libc falls back to `clone`, whose flags the filter reads), and the
+//!   terminal ioctls `TIOCSTI` and `TIOCLINUX` (keystroke injection);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
 //!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
 //!   generation);
@@ -66,7 +68,10 @@ const SYS_FILE_SETATTR: i64 = 469;
 /// Raise it only after judging every syscall below the new value.
 const FIRST_UNKNOWN_SYSCALL: u32 = 470;
 
-const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+/// `clone` flags a confined command may not use: new namespaces, and `CLONE_PARENT` (the
+/// child would belong to the command's parent, the harness, which never waits for it).
+const REFUSED_CLONE_FLAGS: u32 = (libc::CLONE_PARENT
+    | libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUSER
@@ -195,10 +200,10 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
     // clone3 passes its flags in memory a filter cannot read: make libc fall back to clone.
     p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
     p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
-    // clone(flags, ...): refuse namespace flags (A still holds the number when skipped).
+    // clone(flags, ...): refuse the flags above (A still holds the number when skipped).
     p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 4));
     p.push(stmt(BPF_LD_W_ABS, off_arg_low(0)));
-    p.push(jump(BPF_JSET_K, NAMESPACE_FLAGS, 1, 0));
+    p.push(jump(BPF_JSET_K, REFUSED_CLONE_FLAGS, 1, 0));
     p.push(stmt(BPF_RET_K, RET_ALLOW));
     p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
     // ioctl(fd, cmd, ...): the kernel truncates cmd to 32 bits, so comparing the low word
@@ -330,6 +335,20 @@ mod tests {
         assert_eq!(run(&prog, AUDIT_ARCH, clone, [plain, 0]), RET_ALLOW);
         let userns = plain | libc::CLONE_NEWUSER as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone, [userns, 0]), EPERM);
+        let sibling = (libc::CLONE_PARENT | libc::SIGCHLD) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [sibling, 0]), EPERM);
+        let vfork = (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [vfork, 0]), RET_ALLOW);
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [thread, 0]), RET_ALLOW);
         let clone3 = libc::SYS_clone3 as u32;
         let enosys = RET_ERRNO | libc::ENOSYS as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone3, [0, 0]), enosys);

@@ -211,6 +211,62 @@ def test_a_syscall_newer_than_the_filter_answers_enosys(
         assert r.stdout.text == "ENOSYS\n", (nr, r.stderr.text)
 
 
+def _harness_children() -> set[int]:
+    kids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+            kids.update(int(pid) for pid in f.read().split())
+    return kids
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_clone_parent_makes_no_child_of_the_harness(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """`clone(CLONE_PARENT)` makes a sibling of the shell, that is a child of the harness,
+    which nobody reaps: a zombie per call, until the harness runs out of pids."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    ex = sandbox(box, svc, mode)
+    run(ex, "true")  # the service's keeper process, a child of the harness, starts now
+    before = _harness_children()
+    r = run(
+        ex,
+        py("""
+            import ctypes, errno, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD)
+            if pid == 0:
+                os._exit(7)
+            print(pid if pid < 0 else "made", errno.errorcode.get(ctypes.get_errno()))
+        """),
+    )
+    time.sleep(0.2)
+    stray = _harness_children() - before
+    for pid in stray:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    assert stray == set()
+    assert r.stdout.text == "-1 EPERM\n", r.stderr.text
+    # fork, and clone without CLONE_PARENT, still make children of the command.
+    r = run(
+        ex,
+        py("""
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            pid = libc.syscall(56, 17, 0, 0, 0, 0)  # clone(SIGCHLD)
+            if pid == 0:
+                os._exit(3)
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            pid = os.fork()
+            if pid == 0:
+                os._exit(4)
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """),
+    )
+    assert r.stdout.text == "3\n4\n", r.stderr.text
+
+
 def test_the_harness_cannot_be_traced_or_inspected(
     box: dict[str, str], svc: SubprocessService
 ) -> None:
