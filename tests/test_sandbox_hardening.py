@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
+import select
 import shutil
 import signal
 import socket
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -399,6 +402,78 @@ def test_with_network_a_datagram_socketpair_still_works(
         )
         assert r.exit_code == 0, r.stderr.text
         assert server.recv(16) == b"hello"
+
+
+# -- devices: no terminal, keyboard, console or disk is readable -----------------------------
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_a_terminal_it_did_not_open_is_unreadable(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """The harness's terminal (here a pty of the test's own) is readable by its user: a
+    command that reads it takes what the user types, a password included."""
+    master, slave = os.openpty()
+    typist = threading.Timer(0.5, os.write, (master, b"hunter2\n"))
+    try:
+        name = os.ttyname(slave)
+        typist.start()
+        r = run(sandbox(box, svc, mode), f"timeout 3 head -n1 < {name}")
+        typist.join()
+        assert "hunter2" not in r.stdout.text
+        assert r.exit_code != 0 and "Permission denied" in r.stderr.text, r.stderr.text
+        # The keystrokes are still there, for the terminal's owner.
+        readable, _, _ = select.select([slave], [], [], 2)
+        assert readable and os.read(slave, 64) == b"hunter2\n"
+    finally:
+        typist.cancel()
+        os.close(master)
+        os.close(slave)
+
+
+def _harness_can_open(dev: str) -> bool:
+    try:
+        os.close(os.open(dev, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_no_disk_console_or_input_device_is_readable(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """Keystrokes (`/dev/input/event*`), the text of the consoles (`/dev/vcs*`) and raw disks
+    are readable by their owner, root, without any capability."""
+    candidates = (
+        *("/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/loop0"),
+        *("/dev/vcs", "/dev/vcsa", "/dev/hwrng", *glob.glob("/dev/input/event*")[:2]),
+    )
+    devices = [d for d in candidates if _harness_can_open(d)]
+    if not devices:
+        pytest.skip("the harness can read none of the devices")
+    ex = sandbox(box, svc, mode)
+    for dev in devices:
+        r = run(ex, f"timeout 2 head -c 1 {dev} | wc -c")
+        assert "Permission denied" in r.stderr.text and r.stdout.text == "0\n", (dev, r.stderr)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_the_devices_and_pipes_commands_use_still_work(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    r = run(
+        sandbox(box, svc, mode),
+        "head -c 16 /dev/urandom | wc -c; head -c 4 /dev/random | wc -c; "
+        "head -c 3 /dev/zero | wc -c; echo x > /dev/null; cat /dev/null; "
+        "echo full > /dev/full || echo ENOSPC; ls /dev | grep -cx null; ls / | grep -cx usr; "
+        "ls /dev/shm > /dev/null && echo shm; echo out > /dev/stdout; echo err > /dev/stderr; "
+        "echo piped | cat /proc/self/fd/0; cat /dev/stdin <<< here; cat <(echo substituted)",
+    )
+    assert r.stdout.text == ("16\n4\n3\nENOSPC\n1\n1\nshm\nout\npiped\nhere\nsubstituted\n"), (
+        r.stderr.text
+    )
+    assert r.stderr.text.endswith("err\n")
 
 
 # -- what must keep working ------------------------------------------------------------------

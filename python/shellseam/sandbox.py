@@ -495,8 +495,9 @@ def sandbox_facts() -> list[str]:
         "(Landlock audit records are not read)",
         "a confined command can still: connect to pathname unix sockets it can see when "
         "network=True (Landlock has no right for that on ABI <= 7)",
-        "a confined command can still: read every file the harness's user can read "
-        "(confinement restricts writes, not reads)",
+        "a confined command can still: read every file the harness's user can read outside "
+        "/dev (in /dev only null, zero, full, random, urandom and shm: no terminal, console, "
+        "input device or disk)",
         "a confined command can still: write /tmp and /dev/shm in workspace-write mode, "
         "shared with every other process",
     ]
