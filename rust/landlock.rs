@@ -14,14 +14,24 @@
 //! on the original directory, wherever it now is). Device nodes can never be created
 //! (`make_char`/`make_block` are never granted) and no terminal device is writable or
 //! accepts an ioctl.
+//!
+//! Reading is granted everywhere but in `/dev`: a terminal's keystrokes, the consoles' text
+//! (`/dev/vcs*`), input events and raw disks are readable by their owner without any
+//! capability, so a confined command reads only the bit buckets, the random sources and
+//! `/dev/shm` there (and lists `/dev`). Landlock rules grant, never subtract: the read rules
+//! are built from the children of `/` as they are when the ruleset is built, one rule each,
+//! `/dev` left out.
 
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use nix::fcntl::{open, OFlag};
+use nix::sys::stat::{fstat, Mode, SFlag};
+
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, Scope, ABI,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
 };
 
 /// The highest ABI whose features a confined mode asks for (scoping).
@@ -156,18 +166,69 @@ pub fn writable_rights() -> BitFlags<AccessFs> {
     handled_fs() & !(AccessFs::MakeChar | AccessFs::MakeBlock)
 }
 
-/// What the whole filesystem grants: read and execute; no ioctl on any device.
+/// What the filesystem outside `/dev` grants: read and execute; no ioctl on any device.
 fn readable_rights() -> BitFlags<AccessFs> {
     AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::Execute
 }
 
-/// Device files every confined command may write: the bit buckets, never a terminal.
-/// (`/dev/std*` and `/proc/self/fd/*` reach the command's own pipes, which Landlock does
-/// not mediate.)
-pub const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
+/// What may be opened in `/dev`: the bit buckets read and write, the random sources and
+/// `/dev/shm` read; never a terminal, console, input device or disk. (`/dev/std*` and
+/// `/proc/self/fd/*` reach the command's own pipes, which Landlock does not mediate.)
+fn device_rules() -> [(&'static str, BitFlags<AccessFs>); 6] {
+    let bucket = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
+    let source = BitFlags::from(AccessFs::ReadFile);
+    [
+        ("/dev/null", bucket),
+        ("/dev/zero", bucket),
+        ("/dev/full", bucket),
+        ("/dev/random", source),
+        ("/dev/urandom", source),
+        ("/dev/shm", readable_rights()),
+    ]
+}
 
-fn device_rights() -> BitFlags<AccessFs> {
-    AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate
+/// Every directory and regular file directly under `/` but `/dev`, with what reading it
+/// grants. An entry that cannot be opened, a symlink (its target is reached where it lies)
+/// or a device node grants nothing: skipping only narrows access.
+fn top_level_rules() -> io::Result<Vec<(OwnedFd, BitFlags<AccessFs>)>> {
+    let mut rules = Vec::new();
+    for entry in std::fs::read_dir("/")? {
+        let entry = entry?;
+        if entry.file_name() == "dev" {
+            continue;
+        }
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let Ok(fd) = open(&entry.path(), flags, Mode::empty()) else {
+            continue;
+        };
+        // The type of what was opened, not of what the name held when listed.
+        let Ok(st) = fstat(&fd) else {
+            continue;
+        };
+        let rights = match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+            SFlag::S_IFDIR => readable_rights(),
+            SFlag::S_IFREG => AccessFs::ReadFile | AccessFs::Execute,
+            _ => continue,
+        };
+        rules.push((fd, rights));
+    }
+    Ok(rules)
+}
+
+/// Adds the read rules: listing `/` (and, beneath it, any directory), the entries of
+/// `top_level_rules`, and the devices of `device_rules`.
+fn allow_reading(created: RulesetCreated) -> Result<RulesetCreated, BuildError> {
+    let root = PathFd::new("/").map_err(|e| BuildError::Io(io::Error::other(e.to_string())))?;
+    let mut created = created.add_rule(PathBeneath::new(root, AccessFs::ReadDir))?;
+    for (fd, rights) in top_level_rules().map_err(BuildError::Io)? {
+        created = created.add_rule(PathBeneath::new(fd, rights))?;
+    }
+    for (dev, rights) in device_rules() {
+        if let Ok(fd) = PathFd::new(dev) {
+            created = created.add_rule(PathBeneath::new(fd, rights))?;
+        }
+    }
+    Ok(created)
 }
 
 /// Builds the ruleset of a confined mode for the running kernel.
@@ -183,16 +244,7 @@ pub fn build(policy: &Policy<'_>) -> Result<LandlockRuleset, BuildError> {
     if !policy.network {
         ruleset = ruleset.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)?;
     }
-    let root = PathFd::new("/").map_err(|e| BuildError::Io(io::Error::other(e.to_string())))?;
-    let mut created = ruleset
-        .create()?
-        .add_rule(PathBeneath::new(root, readable_rights()))?;
-    for dev in WRITABLE_DEVICES {
-        // A missing device grants nothing: skipping it only narrows access.
-        if let Ok(fd) = PathFd::new(dev) {
-            created = created.add_rule(PathBeneath::new(fd, device_rights()))?;
-        }
-    }
+    let mut created = allow_reading(ruleset.create()?)?;
     for root in &policy.writable_roots {
         created = created.add_rule(PathBeneath::new(root.as_fd(), writable_rights()))?;
     }
@@ -254,7 +306,31 @@ mod tests {
         assert!(!rights.contains(AccessFs::MakeBlock));
         assert!(rights.contains(AccessFs::WriteFile | AccessFs::Refer | AccessFs::Truncate));
         assert!(!readable_rights().contains(AccessFs::IoctlDev));
-        assert!(!device_rights().contains(AccessFs::IoctlDev));
+        for (dev, rights) in device_rules() {
+            assert!(!rights.contains(AccessFs::IoctlDev), "{dev}");
+        }
+    }
+
+    #[test]
+    fn reading_covers_every_top_level_directory_but_dev() {
+        let identity = |st: nix::sys::stat::FileStat| (st.st_dev, st.st_ino);
+        let granted: Vec<_> = top_level_rules()
+            .expect("list /")
+            .into_iter()
+            .map(|(fd, rights)| (identity(fstat(&fd).expect("fstat")), rights))
+            .collect();
+        let dev = identity(nix::sys::stat::stat("/dev").expect("stat /dev"));
+        assert!(granted.iter().all(|(id, _)| *id != dev));
+        let usr = identity(nix::sys::stat::stat("/usr").expect("stat /usr"));
+        assert!(granted.contains(&(usr, readable_rights())));
+        // One rule per directory and regular file but /dev; none for a symlink
+        // (`/bin -> usr/bin` on merged-usr systems) or a device node.
+        let plain = std::fs::read_dir("/")
+            .expect("list /")
+            .filter_map(|e| e.ok()?.path().symlink_metadata().ok())
+            .filter(|m| m.is_dir() || m.is_file())
+            .count();
+        assert_eq!(granted.len(), plain - 1);
     }
 
     #[test]

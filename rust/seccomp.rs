@@ -7,15 +7,24 @@
 //! gain for a filter this small, and nothing of it runs in the child but `seccomp(2)`):
 //! - every confined mode: keyrings (`keyctl`, `add_key`, `request_key`: the harness's session
 //!   keyring is shared with its children), `io_uring` (its operations bypass seccomp: sockets,
-//!   xattrs), `bpf` and `userfaultfd` (kernel attack surface no command needs), new namespaces (`unshare`, `setns`, `clone` with a namespace flag; `clone3`
-//!   answers `ENOSYS` so libc falls back to `clone`), and the terminal ioctls `TIOCSTI` and
-//!   `TIOCLINUX` (keystroke injection);
+//!   xattrs), `bpf` and `userfaultfd` (kernel attack surface no command needs), new
+//!   namespaces (`unshare`, `setns`, `clone` with a namespace flag), `clone` with
+//!   `CLONE_PARENT` (its child would be the harness's, a zombie nobody reaps: `clone3`
+//!   answers `ENOSYS` so libc falls back to `clone`, whose flags the filter reads), and the
+//!   terminal ioctls `TIOCSTI` and `TIOCLINUX` (keystroke injection);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
-//!   `FS_IOC_SETFLAGS`/`FS_IOC_FSSETXATTR`);
-//! - `network=False`: `socket()` for every family (`socketpair` still works).
+//!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
+//!   generation);
+//! - `network=False`: `socket()` for every family, and `socketpair` of any type but
+//!   `SOCK_STREAM` (a pair of datagram sockets is unconnected: `sendto` with a path, or
+//!   `connect`, reaches any pathname unix socket it can see, `/dev/log` included; a connected
+//!   stream socket refuses both with `EISCONN`).
 //!
 //! A syscall made through another architecture's ABI (x32, or i386 `int 0x80` on x86_64)
-//! would be numbered differently: the filter kills such a process instead of guessing.
+//! would be numbered differently: the filter kills such a process instead of guessing. A
+//! syscall newer than this filter (numbered from `FIRST_UNKNOWN_SYSCALL` on) answers `ENOSYS`
+//! in every confined mode, so that a future kernel's call cannot do what the filter refuses
+//! through an older one; libc falls back on `ENOSYS` to the call it replaces.
 
 /// What the filter refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +37,7 @@ const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
 const BPF_JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
 const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
 const BPF_JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const BPF_AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
 const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 const RET_ALLOW: u32 = 0x7fff_0000;
@@ -53,8 +63,15 @@ const AUDIT_ARCH: u32 = 0xC000_00F3;
 const SYS_FCHMODAT2: i64 = 452;
 const SYS_SETXATTRAT: i64 = 463;
 const SYS_REMOVEXATTRAT: i64 = 466;
+const SYS_FILE_SETATTR: i64 = 469;
+/// One past the newest syscall this filter was written for (`file_setattr`, Linux 6.17).
+/// Raise it only after judging every syscall below the new value.
+const FIRST_UNKNOWN_SYSCALL: u32 = 470;
 
-const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+/// `clone` flags a confined command may not use: new namespaces, and `CLONE_PARENT` (the
+/// child would belong to the command's parent, the harness, which never waits for it).
+const REFUSED_CLONE_FLAGS: u32 = (libc::CLONE_PARENT
+    | libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUSER
@@ -62,9 +79,22 @@ const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWCGROUP) as u32;
 
-/// `FS_IOC_SETFLAGS` (chattr) and `FS_IOC_FSSETXATTR`: metadata writes through ioctl.
-const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// The socket type in `socket`/`socketpair`'s type argument (the rest are `SOCK_NONBLOCK`
+/// and `SOCK_CLOEXEC`).
+const SOCK_TYPE_MASK: u32 = 0xf;
+
+/// Metadata writes through ioctl, read-only refuses them: inode flags (chattr), extended
+/// file attributes, and the inode generation (ext4's and the generic request, each also in
+/// its 32-bit encoding, which a driver may accept from a 64-bit caller too).
+const METADATA_IOCTLS: [u32; 7] = [
+    0x4008_6602, // FS_IOC_SETFLAGS
+    0x4004_6602, // FS_IOC32_SETFLAGS
+    0x401c_5820, // FS_IOC_FSSETXATTR
+    0x4008_7602, // FS_IOC_SETVERSION
+    0x4004_7602, // FS_IOC32_SETVERSION
+    0x4008_6604, // EXT4_IOC_SETVERSION
+    0x4004_6604, // EXT4_IOC32_SETVERSION
+];
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
@@ -116,6 +146,7 @@ fn metadata_writes() -> Vec<i64> {
         libc::SYS_lremovexattr,
         libc::SYS_fremovexattr,
         SYS_REMOVEXATTRAT,
+        SYS_FILE_SETATTR,
     ];
     #[cfg(target_arch = "x86_64")]
     nrs.extend([
@@ -143,6 +174,8 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
         p.push(jump(BPF_JGE_K, 0x4000_0000, 0, 1));
         p.push(stmt(BPF_RET_K, RET_KILL_PROCESS));
     }
+    p.push(jump(BPF_JGE_K, FIRST_UNKNOWN_SYSCALL, 0, 1));
+    p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
     let mut denied = always_denied();
     if policy.read_only {
         denied.extend(metadata_writes());
@@ -154,20 +187,30 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
         p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
         p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
     }
+    if policy.deny_sockets {
+        // socketpair(domain, type, ...): a stream pair only (A still holds the number when
+        // skipped).
+        p.push(jump(BPF_JEQ_K, libc::SYS_socketpair as u32, 0, 5));
+        p.push(stmt(BPF_LD_W_ABS, off_arg_low(1)));
+        p.push(stmt(BPF_AND_K, SOCK_TYPE_MASK));
+        p.push(jump(BPF_JEQ_K, libc::SOCK_STREAM as u32, 0, 1));
+        p.push(stmt(BPF_RET_K, RET_ALLOW));
+        p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+    }
     // clone3 passes its flags in memory a filter cannot read: make libc fall back to clone.
     p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
     p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
-    // clone(flags, ...): refuse namespace flags (A still holds the number when skipped).
+    // clone(flags, ...): refuse the flags above (A still holds the number when skipped).
     p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 4));
     p.push(stmt(BPF_LD_W_ABS, off_arg_low(0)));
-    p.push(jump(BPF_JSET_K, NAMESPACE_FLAGS, 1, 0));
+    p.push(jump(BPF_JSET_K, REFUSED_CLONE_FLAGS, 1, 0));
     p.push(stmt(BPF_RET_K, RET_ALLOW));
     p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
     // ioctl(fd, cmd, ...): the kernel truncates cmd to 32 bits, so comparing the low word
     // is exact.
     let mut cmds = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
     if policy.read_only {
-        cmds.extend([FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR]);
+        cmds.extend(METADATA_IOCTLS);
     }
     let n = cmds.len() as u8;
     p.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, n + 3));
@@ -204,6 +247,10 @@ mod tests {
                     pc += 1;
                 }
                 BPF_RET_K => return ins.k,
+                BPF_AND_K => {
+                    acc &= ins.k;
+                    pc += 1;
+                }
                 code => {
                     let taken = match code {
                         BPF_JEQ_K => acc == ins.k,
@@ -231,8 +278,13 @@ mod tests {
         for nr in [libc::SYS_read, libc::SYS_openat, libc::SYS_socket] {
             assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), RET_ALLOW);
         }
+        let dgram = libc::SOCK_DGRAM as u32;
+        let pair = libc::SYS_socketpair as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, dgram]), RET_ALLOW);
         let ioctl = libc::SYS_ioctl as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]), EPERM);
+        for cmd in METADATA_IOCTLS {
+            assert_eq!(run(&prog, AUDIT_ARCH, ioctl, [1, cmd]), EPERM, "{cmd:#x}");
+        }
         assert_eq!(
             run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCSTI as u32]),
             EPERM
@@ -244,6 +296,23 @@ mod tests {
     }
 
     #[test]
+    fn syscalls_newer_than_the_filter_answer_enosys_in_every_mode() {
+        let enosys = RET_ERRNO | libc::ENOSYS as u32;
+        for (read_only, deny_sockets) in [(true, true), (false, false)] {
+            let prog = build(FilterPolicy {
+                read_only,
+                deny_sockets,
+            });
+            for nr in [FIRST_UNKNOWN_SYSCALL, 511, 0x3fff_ffff] {
+                assert_eq!(run(&prog, AUDIT_ARCH, nr, [0, 0]), enosys, "nr {nr}");
+            }
+            let newest = SYS_FILE_SETATTR as u32;
+            let expected = if read_only { EPERM } else { RET_ALLOW };
+            assert_eq!(run(&prog, AUDIT_ARCH, newest, [0, 0]), expected);
+        }
+    }
+
+    #[test]
     fn sockets_namespaces_and_foreign_abis() {
         let prog = build(FilterPolicy {
             read_only: false,
@@ -252,7 +321,12 @@ mod tests {
         let sock = libc::SYS_socket as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, sock, [0, 0]), EPERM);
         let pair = libc::SYS_socketpair as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH, pair, [0, 0]), RET_ALLOW);
+        let stream = (libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, stream]), RET_ALLOW);
+        for kind in [libc::SOCK_DGRAM, libc::SOCK_SEQPACKET, libc::SOCK_RAW] {
+            let kind = (kind | libc::SOCK_CLOEXEC) as u32;
+            assert_eq!(run(&prog, AUDIT_ARCH, pair, [1, kind]), EPERM, "{kind}");
+        }
         let chmod = libc::SYS_fchmodat as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, chmod, [0, 0]), RET_ALLOW);
         assert_eq!(run(&prog, 0x4000_0003, sock, [0, 0]), RET_KILL_PROCESS);
@@ -261,14 +335,31 @@ mod tests {
         assert_eq!(run(&prog, AUDIT_ARCH, clone, [plain, 0]), RET_ALLOW);
         let userns = plain | libc::CLONE_NEWUSER as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone, [userns, 0]), EPERM);
+        let sibling = (libc::CLONE_PARENT | libc::SIGCHLD) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [sibling, 0]), EPERM);
+        let vfork = (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [vfork, 0]), RET_ALLOW);
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID) as u32;
+        assert_eq!(run(&prog, AUDIT_ARCH, clone, [thread, 0]), RET_ALLOW);
         let clone3 = libc::SYS_clone3 as u32;
         let enosys = RET_ERRNO | libc::ENOSYS as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone3, [0, 0]), enosys);
         let ioctl = libc::SYS_ioctl as u32;
-        assert_eq!(
-            run(&prog, AUDIT_ARCH, ioctl, [1, FS_IOC_SETFLAGS]),
-            RET_ALLOW
-        );
+        for cmd in METADATA_IOCTLS {
+            assert_eq!(
+                run(&prog, AUDIT_ARCH, ioctl, [1, cmd]),
+                RET_ALLOW,
+                "{cmd:#x}"
+            );
+        }
         assert_eq!(
             run(&prog, AUDIT_ARCH, ioctl, [1, libc::TIOCLINUX as u32]),
             EPERM

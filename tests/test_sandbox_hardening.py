@@ -4,13 +4,19 @@ caches, honest denials)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import glob
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,6 +151,127 @@ def test_dangerous_syscalls_are_refused(
     assert r.stdout.text == f"{expected}\n", (name, r.stderr.text)
 
 
+def _metadata(path: str) -> tuple[object, ...]:
+    """What a metadata write could change: stat, xattrs, inode flags and generation."""
+    st = os.stat(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        xattr = fcntl.ioctl(fd, 0x801C581F, bytes(28))  # FS_IOC_FSGETXATTR
+        try:
+            version = fcntl.ioctl(fd, 0x80087601, bytes(8))  # FS_IOC_GETVERSION
+        except OSError:
+            version = b""
+    finally:
+        os.close(fd)
+    return (st.st_mode, st.st_uid, st.st_mtime_ns, os.listxattr(path), xattr, version)
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        # file_setattr(AT_FDCWD, path, &file_attr{xflags=NODUMP}, 24, 0)
+        (
+            "file_setattr",
+            "libc.syscall(469, -100, {f!r}, ctypes.create_string_buffer(b'\\x80', 24), 24, 0)",
+        ),
+        # setxattrat(AT_FDCWD, path, 0, name, &xattr_args{value, size=1}, 16)
+        (
+            "setxattrat",
+            "libc.syscall(463, -100, {f!r}, 0, b'user.x', (ctypes.c_uint64 * 2)"
+            "(ctypes.addressof(v := ctypes.create_string_buffer(b'1')), 1), 16)",
+        ),
+        ("removexattrat", "libc.syscall(466, -100, {f!r}, 0, b'user.keep')"),
+        ("FS_IOC_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40087602, {v})"),
+        ("FS_IOC32_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40047602, {v})"),
+        ("EXT4_IOC_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40086604, {v})"),
+        ("EXT4_IOC32_SETVERSION", "libc.ioctl(libc.open({f!r}, 0), 0x40046604, {v})"),
+        ("FS_IOC32_SETFLAGS", "libc.ioctl(libc.open({f!r}, 0), 0x40046602, {v})"),
+    ],
+)
+def test_read_only_refuses_metadata_writes_through_newer_calls(
+    box: dict[str, str], svc: SubprocessService, name: str, call: str
+) -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    f = box["file"]
+    with contextlib.suppress(OSError):  # a file system without user xattrs
+        os.setxattr(f, "user.keep", b"1")
+    before = _metadata(f)
+    value = "ctypes.byref(ctypes.c_long(0x80))"
+    r = run(sandbox(box, svc, "read-only"), errno_of(call.format(f=f.encode(), v=value)))
+    assert r.stdout.text == "EPERM\n", (name, r.stderr.text)
+    assert _metadata(f) == before
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_a_syscall_newer_than_the_filter_answers_enosys(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """A syscall the filter cannot know (a future kernel's) never slips past it: ENOSYS, on
+    which libc falls back to an older call the filter does judge."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    for nr in (470, 511, 1000):
+        r = run(sandbox(box, svc, mode), errno_of(f"libc.syscall({nr}, 0, 0, 0)"))
+        assert r.stdout.text == "ENOSYS\n", (nr, r.stderr.text)
+
+
+def _harness_children() -> set[int]:
+    kids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+            kids.update(int(pid) for pid in f.read().split())
+    return kids
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_clone_parent_makes_no_child_of_the_harness(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """`clone(CLONE_PARENT)` makes a sibling of the shell, that is a child of the harness,
+    which nobody reaps: a zombie per call, until the harness runs out of pids."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    ex = sandbox(box, svc, mode)
+    run(ex, "true")  # the service's keeper process, a child of the harness, starts now
+    before = _harness_children()
+    r = run(
+        ex,
+        py("""
+            import ctypes, errno, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD)
+            if pid == 0:
+                os._exit(7)
+            print(pid if pid < 0 else "made", errno.errorcode.get(ctypes.get_errno()))
+        """),
+    )
+    time.sleep(0.2)
+    stray = _harness_children() - before
+    for pid in stray:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    assert stray == set()
+    assert r.stdout.text == "-1 EPERM\n", r.stderr.text
+    # fork, and clone without CLONE_PARENT, still make children of the command.
+    r = run(
+        ex,
+        py("""
+            import ctypes, os
+            libc = ctypes.CDLL(None, use_errno=True)
+            pid = libc.syscall(56, 17, 0, 0, 0, 0)  # clone(SIGCHLD)
+            if pid == 0:
+                os._exit(3)
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            pid = os.fork()
+            if pid == 0:
+                os._exit(4)
+            print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """),
+    )
+    assert r.stdout.text == "3\n4\n", r.stderr.text
+
+
 def test_the_harness_cannot_be_traced_or_inspected(
     box: dict[str, str], svc: SubprocessService
 ) -> None:
@@ -190,6 +317,165 @@ def test_no_signal_leaves_the_domain(box: dict[str, str], svc: SubprocessService
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- network=False: no way to a unix socket --------------------------------------------------
+
+
+def no_network(box: dict[str, str], mode: str, network: bool = False) -> SandboxPolicy:
+    return SandboxPolicy(mode=mode, workspace_root=box["ws"], network=network)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b'leak', {path!r})",
+        "a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.connect({path!r}); "
+        "a.send(b'leak')",
+        "a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET); a.connect({path!r})",
+    ],
+)
+def test_no_socketpair_but_a_stream_one_reaches_a_pathname_socket(
+    box: dict[str, str], svc: SubprocessService, mode: str, attack: str
+) -> None:
+    """An unconnected datagram socket from `socketpair` sends to any socket path it can see
+    (`/dev/log`, an agent's datagram socket): without network only stream pairs are made."""
+    path = os.path.join(box["base"], "srv.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        server.setblocking(False)
+        r = run(
+            sandbox(box, svc, mode),
+            py(f"import socket; {attack.format(path=path)}"),
+            sandbox_policy=no_network(box, mode),
+        )
+        assert r.exit_code != 0 and "Operation not permitted" in r.stderr.text, r.stderr.text
+        with pytest.raises(BlockingIOError):
+            server.recv(16)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_stream_socketpair_works_and_reaches_nothing_else(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    path = os.path.join(box["base"], "srv.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(1)
+        server.setblocking(False)
+        r = run(
+            sandbox(box, svc, mode),
+            py(f"""
+                import errno, socket
+                kind = socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+                a, b = socket.socketpair(socket.AF_UNIX, kind)
+                a.send(b"x"); print(b.recv(1))
+                for attempt in (lambda: a.sendto(b"leak", {path!r}), lambda: a.connect({path!r})):
+                    try:
+                        attempt()
+                    except OSError as e:
+                        print(errno.errorcode[e.errno])
+            """),
+            sandbox_policy=no_network(box, mode),
+        )
+        assert r.stdout.text == "b'x'\nEISCONN\nEISCONN\n", r.stderr.text
+        with pytest.raises(BlockingIOError):
+            server.accept()
+
+
+def test_with_network_a_datagram_socketpair_still_works(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    """network=True changes nothing: reaching a pathname unix socket stays possible there
+    (documented; Landlock has no right for it)."""
+    path = os.path.join(box["base"], "srv.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        server.settimeout(5)
+        r = run(
+            sandbox(box, svc, "read-only"),
+            py(f"""
+                import socket
+                a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                a.sendto(b"hello", {path!r})
+            """),
+            sandbox_policy=no_network(box, "read-only", network=True),
+        )
+        assert r.exit_code == 0, r.stderr.text
+        assert server.recv(16) == b"hello"
+
+
+# -- devices: no terminal, keyboard, console or disk is readable -----------------------------
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_a_terminal_it_did_not_open_is_unreadable(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """The harness's terminal (here a pty of the test's own) is readable by its user: a
+    command that reads it takes what the user types, a password included."""
+    master, slave = os.openpty()
+    typist = threading.Timer(0.5, os.write, (master, b"hunter2\n"))
+    try:
+        name = os.ttyname(slave)
+        typist.start()
+        r = run(sandbox(box, svc, mode), f"timeout 3 head -n1 < {name}")
+        typist.join()
+        assert "hunter2" not in r.stdout.text
+        assert r.exit_code != 0 and "Permission denied" in r.stderr.text, r.stderr.text
+        # The keystrokes are still there, for the terminal's owner.
+        readable, _, _ = select.select([slave], [], [], 2)
+        assert readable and os.read(slave, 64) == b"hunter2\n"
+    finally:
+        typist.cancel()
+        os.close(master)
+        os.close(slave)
+
+
+def _harness_can_open(dev: str) -> bool:
+    try:
+        os.close(os.open(dev, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_no_disk_console_or_input_device_is_readable(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    """Keystrokes (`/dev/input/event*`), the text of the consoles (`/dev/vcs*`) and raw disks
+    are readable by their owner, root, without any capability."""
+    candidates = (
+        *("/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/loop0"),
+        *("/dev/vcs", "/dev/vcsa", "/dev/hwrng", *glob.glob("/dev/input/event*")[:2]),
+    )
+    devices = [d for d in candidates if _harness_can_open(d)]
+    if not devices:
+        pytest.skip("the harness can read none of the devices")
+    ex = sandbox(box, svc, mode)
+    for dev in devices:
+        r = run(ex, f"timeout 2 head -c 1 {dev} | wc -c")
+        assert "Permission denied" in r.stderr.text and r.stdout.text == "0\n", (dev, r.stderr)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_the_devices_and_pipes_commands_use_still_work(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    r = run(
+        sandbox(box, svc, mode),
+        "head -c 16 /dev/urandom | wc -c; head -c 4 /dev/random | wc -c; "
+        "head -c 3 /dev/zero | wc -c; echo x > /dev/null; cat /dev/null; "
+        "echo full > /dev/full || echo ENOSPC; ls /dev | grep -cx null; ls / | grep -cx usr; "
+        "ls /dev/shm > /dev/null && echo shm; echo out > /dev/stdout; echo err > /dev/stderr; "
+        "echo piped | cat /proc/self/fd/0; cat /dev/stdin <<< here; cat <(echo substituted)",
+    )
+    assert r.stdout.text == ("16\n4\n3\nENOSPC\n1\n1\nshm\nout\npiped\nhere\nsubstituted\n"), (
+        r.stderr.text
+    )
+    assert r.stderr.text.endswith("err\n")
 
 
 # -- what must keep working ------------------------------------------------------------------

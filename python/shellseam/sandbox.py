@@ -484,17 +484,20 @@ def sandbox_facts() -> list[str]:
     lines = [
         "confined modes add: every capability dropped (bounding set cleared"
         + ("" if can_setpcap else ": the harness lacks CAP_SETPCAP, nothing to clear")
-        + "), securebits locked, no_new_privs, no terminal, a seccomp filter (sockets refused "
-        "when network=False; chmod/chown/utime/xattr writes refused in read-only; keyrings, "
-        "io_uring, new namespaces, TIOCSTI/TIOCLINUX always refused)",
+        + "), securebits locked, no_new_privs, no terminal, a seccomp filter (sockets and "
+        "non-stream socketpairs refused when network=False; chmod/chown/utime/xattr/"
+        "file-attribute writes refused in read-only; keyrings, io_uring, new namespaces, "
+        "clone(CLONE_PARENT), TIOCSTI/TIOCLINUX always refused; syscalls newer than the "
+        "filter answer ENOSYS)",
         "harness protection: a SandboxShellExecutor makes the harness non-dumpable "
         f"(protect_harness=True; dumpable now: {native.harness_dumpable()})",
         "denial detection: permission signatures in the stdout/stderr tails "
         "(Landlock audit records are not read)",
         "a confined command can still: connect to pathname unix sockets it can see when "
         "network=True (Landlock has no right for that on ABI <= 7)",
-        "a confined command can still: read every file the harness's user can read "
-        "(confinement restricts writes, not reads)",
+        "a confined command can still: read every file the harness's user can read outside "
+        "/dev (in /dev only null, zero, full, random, urandom and shm: no terminal, console, "
+        "input device or disk)",
         "a confined command can still: write /tmp and /dev/shm in workspace-write mode, "
         "shared with every other process",
     ]
