@@ -235,6 +235,16 @@ impl CallContainment {
         }
     }
 
+    /// Once the leader is reaped: whether tasks are still charged to the call's pids
+    /// controller (a zombie counts until it is reaped). Its cgroup must then not be pooled:
+    /// they would count against the next call's `max_processes`.
+    pub fn tasks_left(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .and_then(CallCgroup::pids_charged)
+            .is_some_and(|tasks| tasks > 0)
+    }
+
     /// Checks the CPU limit when a check is due.
     pub fn check_cpu(&mut self, now: Instant) -> CpuCheck {
         let (Some(limit), Some(at), Some(cg)) =

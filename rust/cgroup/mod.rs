@@ -10,7 +10,8 @@
 //! `mkdir`/`rmdir` stay off the hot path: a call takes a cgroup from the service's pool and
 //! gives it back once empty; counters that cannot be reset (CPU, `pids.events`, OOM kills)
 //! are read as a baseline when the cgroup returns to the pool. A cgroup whose members would
-//! not die (uninterruptible sleep) is never reused.
+//! not die (uninterruptible sleep) is never reused, nor one still charged with something of
+//! its call (zombies, tmpfs pages): it would weigh on the next call.
 
 mod call;
 mod hierarchy;

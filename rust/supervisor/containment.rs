@@ -90,32 +90,43 @@ impl Shared {
         }
     }
 
-    /// The call settled: stop watching it, queue its cgroup for the pool, reap zombies of
-    /// its killed descendants that a subreaper harness inherited, and let the keeper
-    /// forget a session group.
-    pub fn end_containment(&self, pgid: libc::pid_t, contain: &mut CallContainment) {
+    /// The call settled: stop watching it and let the keeper forget a session group; then
+    /// `release_leader`, and only after that does its cgroup go back to the pool, when
+    /// nothing of the call is left charged to it (see `ServiceCgroups::reusable`); else it
+    /// is queued for removal off the caller's path. Zombies of its killed descendants that a
+    /// subreaper harness inherited are reaped.
+    pub fn end_containment(
+        &self,
+        pgid: libc::pid_t,
+        contain: &mut CallContainment,
+        release_leader: impl FnOnce(),
+    ) {
         if let Some((fd, key)) = contain.events.take() {
             self.unwatch(&fd, key);
         }
+        if contain.cgroup.is_none() {
+            self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
+        }
+        release_leader();
+        let tasks_left = contain.tasks_left();
         let owner = match contain.cgroup.take() {
-            Some(cg) => {
+            Some(mut cg) => {
                 let tail = cg_tail(cg.path());
                 let set = self.cgroups.get().and_then(Option::as_ref);
                 match set {
                     // The common case, at once: no fd of the call outlives its completion.
-                    Some(set) if ServiceCgroups::reusable(&cg, contain.emptied) => set.pool(cg),
+                    Some(set) if !tasks_left && set.reusable(&cg, contain.emptied) => set.pool(cg),
                     _ => {
-                        // rmdir or a populated check: off the caller's path.
+                        // rmdir or a populated check: off the caller's path. No fd of the
+                        // call outlives its completion meanwhile.
+                        cg.close();
                         lock(&self.releases).push(cg);
                         eventfd_raise(&self.wake);
                     }
                 }
                 Owner::Cgroup(tail)
             }
-            None => {
-                self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
-                Owner::Group(pgid)
-            }
+            None => Owner::Group(pgid),
         };
         let now = Instant::now();
         if lock(&self.adopted).settled(owner, now) {
