@@ -283,9 +283,10 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     st.stderr.collector.flush();
     close_pidfd(proc, st);
     st.contain.stamp();
+    let held = matches!(st.leader, Some(LeaderExit::Zombie(_)));
     let (contain, leader) = (&mut st.contain, &mut st.leader);
     proc.shared
-        .end_containment(proc.pid, contain, || release_leader(proc.pid, leader));
+        .end_containment(proc.pid, contain, held, || release_leader(proc.pid, leader));
     st.phase = Phase::Done;
     st.finished = Some(now);
     st.deadline = None;

@@ -238,7 +238,7 @@ impl Service {
             Ok(child) => child,
             Err(err) => {
                 let mut contain = contain;
-                self.shared.end_containment(0, &mut contain, || {});
+                self.shared.end_containment(0, &mut contain, false, || {});
                 return Err(err.into());
             }
         };
@@ -305,7 +305,7 @@ impl Service {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.shared
-            .end_containment(proc.pid, &mut st.contain, || {});
+            .end_containment(proc.pid, &mut st.contain, false, || {});
     }
 
     /// Registers a new process's pipes and pidfd with epoll.
