@@ -1,17 +1,23 @@
-//! Zombies a subreaper harness adopts from its calls.
+//! Zombies of a call whose parent is the harness, which nobody else will reap.
 //!
-//! A harness that made itself a child subreaper (`PR_SET_CHILD_SUBREAPER`) becomes the
-//! parent of every orphan its calls leave: `sleep 100 &` once bash exits, a `setsid`
-//! escapee. When the call's leftovers are killed they turn into the harness's zombies,
-//! which nobody else will reap. The supervisor reaps the zombie children that belonged to a
-//! settled call — by its cgroup, or by its process group under session containment — and
-//! looks again for a moment, since a killed process leaves its cgroup slightly before it
-//! becomes a zombie.
+//! Two ways make them. A command's `clone(CLONE_PARENT)` children are siblings of its leader:
+//! children of the thread that spawned the call, in any harness. And a harness that made
+//! itself a child subreaper (`PR_SET_CHILD_SUBREAPER`) becomes the parent of every orphan
+//! its calls leave (`sleep 100 &` once bash exits, a `setsid` escapee). The harness's own
+//! children (e.g. its `subprocess.Popen` ones) must keep their exit status for their owner,
+//! so only zombies that are provably the call's are reaped:
+//! - as the call settles, those in its session or cgroup, while its unreaped leader keeps the
+//!   session's number from being reused (`reap_strays`);
+//! - for a moment after, those in the cgroup of a call that was not pooled, when some of its
+//!   children were still exiting as it settled (a killed process leaves its cgroup slightly
+//!   before it becomes a zombie), and for a subreaper harness after every such call and in
+//!   the process group of each session-contained call (`Adopted`).
 
-use std::fs;
 use std::time::{Duration, Instant};
 
-/// How long after a call settles its adopted zombies are looked for.
+use crate::kill::{all_children, read_proc, stat_of, task_children, zombie_children};
+
+/// How long after a call settles its late zombies are looked for.
 const LINGER: Duration = Duration::from_millis(500);
 /// How often, meanwhile.
 pub(crate) const RESCAN: Duration = Duration::from_millis(20);
@@ -33,29 +39,91 @@ fn is_subreaper() -> bool {
     flag != 0
 }
 
+/// Whether `pid` is (or, a zombie, was) in the cgroup whose path ends with `tail`, or below
+/// it. A zombie still shows its cgroup, with " (deleted)" once the cgroup was removed.
+fn in_cgroup(pid: libc::pid_t, tail: &str) -> bool {
+    read_proc(&format!("/proc/{pid}/cgroup")).is_some_and(|text| lists_cgroup(&text, tail))
+}
+
+/// Whether a `/proc/<pid>/cgroup` text puts the process in the v2 cgroup `tail`, or below.
+fn lists_cgroup(text: &str, tail: &str) -> bool {
+    let below = format!("{tail}/");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("0::"))
+        .map(|path| path.strip_suffix(" (deleted)").unwrap_or(path))
+        .any(|path| path.ends_with(tail) || path.contains(&below))
+}
+
 fn belongs(pid: libc::pid_t, owner: &Owner) -> bool {
     match owner {
-        Owner::Cgroup(tail) => fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .map(|t| {
-                t.lines()
-                    .any(|l| l.starts_with("0::") && l.ends_with(tail.as_str()))
-            })
-            .unwrap_or(false),
+        Owner::Cgroup(tail) => in_cgroup(pid, tail),
         Owner::Group(pgid) => crate::kill::pgrp_of(pid) == Some(*pgid),
     }
 }
 
-/// Settled calls whose adopted zombies are still being looked for.
+fn reap(pid: libc::pid_t) -> bool {
+    let mut status = 0;
+    // SAFETY: reaps a zombie child of ours without blocking.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == pid }
+}
+
+/// What the sweep of a settling call found among the harness's children.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Strays {
+    /// Zombies of the call, reaped.
+    pub reaped: usize,
+    /// Children of the call not yet zombies: on their way out (a killed process leaves its
+    /// cgroup slightly before it becomes a zombie), so their zombies are still to come.
+    pub coming: usize,
+}
+
+/// Reaps the zombie children of the harness that are the settling call's, other than its
+/// `leader`: those in its session, while `leader_held` (the leader is an unreaped zombie, so
+/// no other session can have its number), and those in its cgroup (`tail`, not pooled yet).
+/// Reads the children of one thread when it can: the one the leader is a child of, as are
+/// the command's CLONE_PARENT children (the spawning thread's, unless that thread exited and
+/// handed its children on).
+pub(crate) fn reap_strays(
+    leader: libc::pid_t,
+    spawner: libc::pid_t,
+    leader_held: bool,
+    tail: Option<&str>,
+) -> Strays {
+    let children = match task_children(spawner) {
+        Some(list) if leader_held && list.contains(&leader) => list,
+        _ => all_children(),
+    };
+    let mut found = Strays::default();
+    for pid in children.into_iter().filter(|&p| p != leader) {
+        let Some(stat) = stat_of(pid) else {
+            continue;
+        };
+        let ours =
+            (leader_held && stat.session == leader) || tail.is_some_and(|t| in_cgroup(pid, t));
+        if !ours {
+            continue;
+        }
+        if stat.state != 'Z' {
+            found.coming += 1;
+        } else if reap(pid) {
+            found.reaped += 1;
+        }
+    }
+    found
+}
+
+/// Settled calls whose late zombies are still being looked for.
 #[derive(Default)]
 pub(crate) struct Adopted {
     pending: Vec<(Owner, Instant)>,
 }
 
 impl Adopted {
-    /// A call settled: reap its adopted zombies now and for a moment. False when the harness
-    /// is no subreaper (nothing to do, nothing pending).
-    pub fn settled(&mut self, owner: Owner, now: Instant) -> bool {
-        if !is_subreaper() {
+    /// A call settled: reap its late zombies now and for a moment. Only for an `owner` whose
+    /// zombies may still come, or any owner of a subreaper harness; false when nothing is
+    /// pending.
+    pub fn settled(&mut self, owner: Owner, may_come: bool, now: Instant) -> bool {
+        if !may_come && !is_subreaper() {
             return false;
         }
         self.pending.push((owner, now + LINGER));
@@ -67,14 +135,92 @@ impl Adopted {
         if self.pending.is_empty() {
             return false;
         }
-        for pid in crate::kill::zombie_children() {
+        for pid in zombie_children() {
             if self.pending.iter().any(|(owner, _)| belongs(pid, owner)) {
-                let mut status = 0;
-                // SAFETY: reaps a zombie child of ours without blocking.
-                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                reap(pid);
             }
         }
         self.pending.retain(|(_, until)| *until > now);
         !self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kill::stat_of;
+
+    #[test]
+    fn a_zombie_shows_its_removed_cgroup() {
+        let tail = "/shellseam-1-0/c1";
+        assert!(lists_cgroup("4:memory:/\n0::/a/shellseam-1-0/c1\n", tail));
+        assert!(lists_cgroup("0::/shellseam-1-0/c1 (deleted)\n", tail));
+        assert!(lists_cgroup("0::/shellseam-1-0/c1/inner\n", tail));
+        assert!(!lists_cgroup("0::/shellseam-1-0/c11\n", tail));
+        assert!(!lists_cgroup("4:memory:/shellseam-1-0/c1\n0::/\n", tail));
+    }
+
+    fn fork(child: impl FnOnce() -> libc::c_int) -> libc::pid_t {
+        // SAFETY: the child makes only async-signal-safe calls (setsid, clone, write, _exit).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = child();
+            // SAFETY: as above.
+            unsafe { libc::_exit(code) };
+        }
+        pid
+    }
+
+    fn until_zombie(pid: libc::pid_t) {
+        while stat_of(pid).is_some_and(|s| s.state != 'Z') {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn exit_code(pid: libc::pid_t) -> libc::c_int {
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn reaps_the_clone_parent_children_of_a_settled_call_only() {
+        let unrelated = fork(|| 5);
+        let mut ends = [0; 2];
+        // SAFETY: pipe(2) fills two fds.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // The call's leader: a session of its own, and a sibling made with CLONE_PARENT.
+        let leader = fork(|| {
+            // SAFETY: as in `fork`; the clone child runs on a copy of the stack, as after fork.
+            unsafe {
+                libc::setsid();
+                let flags = libc::CLONE_PARENT | libc::SIGCHLD;
+                let stray = libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) as libc::pid_t;
+                if stray == 0 {
+                    libc::_exit(7);
+                }
+                libc::write(ends[1], (&stray as *const libc::pid_t).cast(), 4);
+            }
+            0
+        });
+        let mut stray: libc::pid_t = 0;
+        // SAFETY: reads 4 bytes into a pid_t; then closes both ends of our pipe.
+        unsafe {
+            libc::read(ends[0], (&mut stray as *mut libc::pid_t).cast(), 4);
+            libc::close(ends[0]);
+            libc::close(ends[1]);
+        }
+        assert!(stray > 0);
+        for pid in [unrelated, leader, stray] {
+            until_zombie(pid);
+        }
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
+        let found = reap_strays(leader, tid, true, None);
+        assert_eq!((found.reaped, found.coming), (1, 0));
+        assert!(stat_of(stray).is_none(), "the stray was reaped");
+        assert_eq!(exit_code(leader), 0, "the leader is left to its call");
+        assert_eq!(exit_code(unrelated), 5, "another child keeps its status");
     }
 }

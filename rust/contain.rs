@@ -10,8 +10,9 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
+use crate::adopted::{reap_strays, Strays};
 use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
-use crate::kill::{group_alive, group_members, liveness, signal_group};
+use crate::kill::{group_alive, group_members, liveness, only_a_dead_leader, signal_group};
 
 /// `(resource, soft, hard)` for `prlimit64` in the child.
 pub type Rlimit = (u32, u64, u64);
@@ -89,6 +90,14 @@ pub(crate) struct CallContainment {
     counted: HashSet<libc::pid_t>,
     /// The cgroup was last seen empty (the call's processes are all gone).
     pub emptied: bool,
+    /// The thread that spawned the call: its leader, and the command's CLONE_PARENT
+    /// children, are that thread's children.
+    spawner: libc::pid_t,
+    /// As the call settled, its cgroup held tasks besides the leader (pids counted) or a
+    /// process was created after the leader (not counted): stray zombies were looked for.
+    strays_looked_for: bool,
+    /// What that found.
+    strays: Strays,
 }
 
 impl CallContainment {
@@ -146,6 +155,10 @@ impl CallContainment {
                 events: None,
                 counted: HashSet::new(),
                 emptied: false,
+                // SAFETY: gettid has no preconditions (the libc wrapper needs glibc 2.30).
+                spawner: unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t,
+                strays_looked_for: false,
+                strays: Strays::default(),
             },
             rlimits,
         )
@@ -235,6 +248,43 @@ impl CallContainment {
         }
     }
 
+    /// The call settled; its leader is still an unreaped zombie when `leader_held`, which
+    /// keeps the call's session number from being reused. Reaps the call's zombies whose
+    /// parent is the harness (`adopted::reap_strays`). Cheap when there are none: one read
+    /// of `pids.current` (only the leader is charged), or without a pids count the last-pid
+    /// check (no process was created after the leader).
+    pub fn reap_strays(&mut self, pgid: libc::pid_t, leader_held: bool) {
+        if pgid <= 0 {
+            return;
+        }
+        self.strays_looked_for = match self.cgroup.as_ref().and_then(CallCgroup::pids_charged) {
+            Some(tasks) => tasks > u64::from(leader_held),
+            None => !leader_held || !only_a_dead_leader(pgid),
+        };
+        if self.strays_looked_for {
+            let tail = self.cgroup.as_ref().map(|cg| cgroup_tail(cg.path()));
+            self.strays = reap_strays(pgid, self.spawner, leader_held, tail.as_deref());
+        }
+    }
+
+    /// Once the leader is reaped: `(held, coming)`. `held`: the call's cgroup must not be
+    /// pooled, as tasks of the call are still charged to it (exact with a pids count: a
+    /// zombie counts until reaped; without one, a call that had strays or leftovers is
+    /// suspect). `coming`: the harness will be the parent of zombies of the call that were
+    /// still exiting as it settled, to be looked for a moment.
+    pub fn left_behind(&self) -> (bool, bool) {
+        let Some(cg) = &self.cgroup else {
+            return (false, false); // session members outside the group are out of reach
+        };
+        let coming = self.strays.coming > 0;
+        let held = match cg.pids_charged() {
+            Some(_) if !self.strays_looked_for => false,
+            Some(tasks) => tasks > 0,
+            None => self.strays != Strays::default() || !self.counted.is_empty(),
+        };
+        (held || coming, coming)
+    }
+
     /// Checks the CPU limit when a check is due.
     pub fn check_cpu(&mut self, now: Instant) -> CpuCheck {
         let (Some(limit), Some(at), Some(cg)) =
@@ -284,4 +334,16 @@ impl CallContainment {
             cpu_usec: self.usage.map(|u| u.cpu_usec),
         }
     }
+}
+
+/// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.
+pub(crate) fn cgroup_tail(path: &std::path::Path) -> String {
+    let mut parts = path.iter().rev().take(2).collect::<Vec<_>>();
+    parts.reverse();
+    let mut tail = String::new();
+    for part in parts {
+        tail.push('/');
+        tail.push_str(&part.to_string_lossy());
+    }
+    tail
 }

@@ -78,12 +78,9 @@ pub fn group_members(pgid: libc::pid_t) -> Members {
         if getpgid(Some(Pid::from_raw(pid))).map(Pid::as_raw) != Ok(pgid) {
             continue; // another group's, or gone since the directory was read
         }
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        match parse_stat(&stat) {
-            Some((state, pgrp, _)) if pgrp != pgid || state == 'Z' || state == 'X' => {}
-            Some((_, _, flags)) if flags & PF_EXITING != 0 => members.exiting += 1,
+        match stat_of(pid) {
+            Some(s) if s.pgrp != pgid || s.dead() => {}
+            Some(s) if s.flags & PF_EXITING != 0 => members.exiting += 1,
             Some(_) => members.live += 1,
             None => {}
         }
@@ -97,67 +94,100 @@ pub fn group_members(pgid: libc::pid_t) -> Members {
 /// zombie holds it, so the last allocated pid equals it only when nothing came after; and
 /// every other member of the group would be a descendant created after the leader (it
 /// started the session, and only the session's processes can join its groups).
-fn only_a_dead_leader(pgid: libc::pid_t) -> bool {
-    let last = fs::read_to_string("/proc/sys/kernel/ns_last_pid")
-        .ok()
+pub fn only_a_dead_leader(pgid: libc::pid_t) -> bool {
+    let last = read_proc("/proc/sys/kernel/ns_last_pid")
         .and_then(|t| t.trim().parse::<libc::pid_t>().ok());
     if last != Some(pgid) {
         return false;
     }
-    fs::read_to_string(format!("/proc/{pgid}/stat"))
-        .ok()
-        .and_then(|stat| parse_stat(&stat))
-        .is_some_and(|(state, pgrp, _)| state == 'Z' && pgrp == pgid)
+    stat_of(pgid).is_some_and(|s| s.state == 'Z' && s.pgrp == pgid)
 }
 
 /// What a process is to a kill, from its /proc stat: `None` when it is gone or a zombie
 /// (already dead, waiting for its parent), `Some(true)` when live, `Some(false)` when already
 /// in exit(2) (`PF_EXITING`: going away on its own, but not yet out of its cgroup).
 pub fn liveness(pid: libc::pid_t) -> Option<bool> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    match parse_stat(&stat)? {
-        (state, _, _) if state == 'Z' || state == 'X' => None,
-        (_, _, flags) => Some(flags & PF_EXITING == 0),
-    }
+    let stat = stat_of(pid)?;
+    (!stat.dead()).then_some(stat.flags & PF_EXITING == 0)
 }
 
-/// Zombie children of this process (of any of its threads), from
-/// `/proc/self/task/*/children`.
-pub fn zombie_children() -> Vec<libc::pid_t> {
+/// The children of one thread of this process, from `/proc/self/task/<tid>/children`
+/// (None: no such thread).
+pub fn task_children(tid: libc::pid_t) -> Option<Vec<libc::pid_t>> {
+    let text = fs::read_to_string(format!("/proc/self/task/{tid}/children")).ok()?;
+    Some(
+        text.split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect(),
+    )
+}
+
+/// The children of every thread of this process.
+pub fn all_children() -> Vec<libc::pid_t> {
     let Ok(tasks) = fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for task in tasks.flatten() {
-        let Ok(children) = fs::read_to_string(task.path().join("children")) else {
-            continue;
-        };
-        for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
-            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            if parse_stat(&stat).is_some_and(|(state, _, _)| state == 'Z') {
-                out.push(pid);
-            }
-        }
-    }
-    out
+    tasks
+        .flatten()
+        .filter_map(|task| task.file_name().to_str()?.parse().ok())
+        .filter_map(task_children)
+        .flatten()
+        .collect()
+}
+
+/// Zombie children of this process (of any of its threads).
+pub fn zombie_children() -> Vec<libc::pid_t> {
+    let zombie = |pid: &libc::pid_t| stat_of(*pid).is_some_and(|s| s.state == 'Z');
+    all_children().into_iter().filter(zombie).collect()
 }
 
 /// The process group of `pid` (zombies included), from /proc.
 pub fn pgrp_of(pid: libc::pid_t) -> Option<libc::pid_t> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&stat).map(|(_, pgrp, _)| pgrp)
+    stat_of(pid).map(|s| s.pgrp)
 }
 
-/// (state, pgrp, flags) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
-fn parse_stat(stat: &str) -> Option<(char, libc::pid_t, u64)> {
+/// What /proc/<pid>/stat says of a process (zombies included); None once it is gone.
+pub fn stat_of(pid: libc::pid_t) -> Option<Stat> {
+    parse_stat(&read_proc(&format!("/proc/{pid}/stat"))?)
+}
+
+/// A small /proc file that holds one record, in one `read` (see `cgroup::read_at`).
+pub fn read_proc(path: &str) -> Option<String> {
+    crate::cgroup::read_at(libc::AT_FDCWD, path).ok()
+}
+
+/// The fields of /proc/<pid>/stat that containment reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub state: char,
+    pub pgrp: libc::pid_t,
+    pub session: libc::pid_t,
+    pub flags: u64,
+}
+
+impl Stat {
+    /// A zombie or a process being released: already dead, waiting for (or past) its reaper.
+    pub fn dead(&self) -> bool {
+        self.state == 'Z' || self.state == 'X'
+    }
+}
+
+/// Parses a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
+fn parse_stat(stat: &str) -> Option<Stat> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let _ppid = fields.next()?;
     let pgrp = fields.next()?.parse().ok()?;
-    // session, tty_nr, tpgid, then flags.
-    let flags = fields.nth(3)?.parse().ok()?;
-    Some((state, pgrp, flags))
+    let session = fields.next()?.parse().ok()?;
+    // tty_nr, tpgid, then flags.
+    let flags = fields.nth(2)?.parse().ok()?;
+    Some(Stat {
+        state,
+        pgrp,
+        session,
+        flags,
+    })
 }
 
 #[cfg(test)]
@@ -166,11 +196,17 @@ mod tests {
 
     #[test]
     fn parses_stat_with_odd_comm() {
-        let line = "123 (a) b (c)) S 1 456 456 0 -1 4194560 0";
-        assert_eq!(parse_stat(line), Some(('S', 456, 4194560)));
+        let line = "123 (a) b (c)) S 1 456 457 0 -1 4194560 0";
+        let stat = Stat {
+            state: 'S',
+            pgrp: 456,
+            session: 457,
+            flags: 4194560,
+        };
+        assert_eq!(parse_stat(line), Some(stat));
         let exiting = "9 (sh) R 1 456 456 0 -1 4194564 0";
         assert_eq!(
-            parse_stat(exiting).map(|s| s.2 & PF_EXITING),
+            parse_stat(exiting).map(|s| s.flags & PF_EXITING),
             Some(PF_EXITING)
         );
     }

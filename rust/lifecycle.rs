@@ -145,9 +145,9 @@ pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
 }
 
 /// Reaps the zombie leader once its group has been dealt with (rusage comes with it).
-fn release_leader(proc: &Proc, st: &mut ProcState) {
-    if let Some(LeaderExit::Zombie(status)) = st.leader {
-        st.leader = Some(match reap_nonblocking(proc.pid) {
+fn release_leader(pid: libc::pid_t, leader: &mut Option<LeaderExit>) {
+    if let Some(LeaderExit::Zombie(status)) = *leader {
+        *leader = Some(match reap_nonblocking(pid) {
             Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
             // Reaped by someone else meanwhile: the status was already read.
             // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
@@ -284,8 +284,10 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     lock(&proc.shared.spill).keep_private();
     close_pidfd(proc, st);
     st.contain.stamp();
-    proc.shared.end_containment(proc.pid, &mut st.contain);
-    release_leader(proc, st);
+    let held = matches!(st.leader, Some(LeaderExit::Zombie(_)));
+    let (contain, leader) = (&mut st.contain, &mut st.leader);
+    proc.shared
+        .end_containment(proc.pid, contain, held, || release_leader(proc.pid, leader));
     st.phase = Phase::Done;
     st.finished = Some(now);
     st.deadline = None;

@@ -238,7 +238,7 @@ impl Service {
             Ok(child) => child,
             Err(err) => {
                 let mut contain = contain;
-                self.shared.end_containment(0, &mut contain);
+                self.shared.end_containment(0, &mut contain, false, || {});
                 return Err(err.into());
             }
         };
@@ -304,7 +304,8 @@ impl Service {
         while st.contain.any_alive(proc.pid) && start.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.shared.end_containment(proc.pid, &mut st.contain);
+        self.shared
+            .end_containment(proc.pid, &mut st.contain, false, || {});
     }
 
     /// Registers a new process's pipes and pidfd with epoll.

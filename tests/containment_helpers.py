@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import sys
 import time
 
@@ -28,6 +29,30 @@ ESCAPERS: dict[str, str] = {
         'os.execvp("sleep", ["sleep", "300"])\' > /dev/null 2>&1 &'
     ),
 }
+
+
+#: Runs helpers/clone_parent.py: children made with clone(CLONE_PARENT), siblings of the
+#: call's leader, i.e. children of the harness.
+CLONE_PARENT = f"{PY} {os.path.join(os.path.dirname(__file__), 'helpers', 'clone_parent.py')}"
+#: The raw clone syscall's number is known (helpers/clone_parent.py) on these machines only.
+CLONE_MACHINES = ("x86_64", "aarch64")
+
+
+def cloned(stdout: str) -> tuple[list[int], list[int]]:
+    """(children that exited, lingerers) from clone_parent.py's output."""
+    words = [line.split() for line in stdout.splitlines()]
+    exited = [int(w[1]) for w in words if w and w[0] == "exited"]
+    lingering = [int(w[1]) for w in words if w and w[0] == "lingerer"]
+    return exited, lingering
+
+
+def kill_and_reap(pids: list[int]) -> None:
+    """Clean-up of clone_parent.py's children (ours, so ours to reap), whatever is left."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 #: Tokens this test process handed out: its clean-up kills only processes marked with one of

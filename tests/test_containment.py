@@ -8,14 +8,21 @@ containment (issue 10). Survivors are found by a random marker in their environm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from containment_helpers import (
+    CLONE_MACHINES,
+    CLONE_PARENT,
     ESCAPERS,
+    cloned,
+    kill_and_reap,
     kill_marked,
     marked_env,
     new_cgroup_dirs,
@@ -25,12 +32,16 @@ from containment_helpers import (
     wait_gone,
 )
 
+from conftest import run
 from shellseam import (
     AbortController,
     LocalShellExecutor,
+    ResourceLimits,
+    SandboxShellExecutor,
     ShellExecRequest,
     SubprocessService,
     containment_facts,
+    landlock_abi,
 )
 
 HAS_CGROUP = containment_facts()["containment"] == "cgroup"
@@ -276,3 +287,107 @@ def test_no_fd_of_a_call_outlives_its_result(ex: LocalShellExecutor) -> None:
         for _ in range(10):
             ex.run_sync(ex.resolve(ShellExecRequest(command=command)))
             assert len(os.listdir("/proc/self/fd")) == fds
+
+
+needs_clone_syscall = pytest.mark.skipif(
+    os.uname().machine not in CLONE_MACHINES, reason="raw clone number unknown here"
+)
+
+
+def zombie_children(pids: list[int]) -> list[int]:
+    """Those of `pids` that are zombie children of this process."""
+    me = str(os.getpid())
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rfind(")") + 2 :].split()[:2]
+        if state == "Z" and ppid == me:
+            out.append(pid)
+    return out
+
+
+def eventually_no_zombies(pids: list[int], within_s: float = 3.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := zombie_children(pids)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+# Attack: clone(CLONE_PARENT) makes the harness the parent of the command's children; when they
+# exit they are the harness's zombies, forever (SPEC §7: no zombie after any run). Whether
+# they exit during the call or are killed with it as leftovers, shellseam reaps them.
+@needs_clone_syscall
+@pytest.mark.parametrize(
+    ("kind", "containment", "limits", "linger"),
+    [
+        pytest.param("local", "auto", None, "linger-setsid", marks=needs_cgroup),
+        ("local", "auto", ResourceLimits(), "linger"),  # no pids controller joined
+        ("local", "session", None, "linger"),
+        pytest.param("read-only", "auto", None, "linger-setsid", marks=needs_cgroup),
+    ],
+)
+def test_clone_parent_children_leave_no_zombie_in_the_harness(
+    svc: SubprocessService,
+    tmp_path: os.PathLike[str],
+    kind: str,
+    containment: str,
+    limits: ResourceLimits | None,
+    linger: str,
+) -> None:
+    config: dict[str, object] = {"containment": containment, "grace_ms": 300, "service": svc}
+    if limits is not None:
+        config["limits"] = limits
+    ex: LocalShellExecutor
+    if kind == "local":
+        ex = LocalShellExecutor(cwd=str(tmp_path), **config)  # type: ignore[arg-type]
+    elif landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    else:
+        ex = SandboxShellExecutor(mode=kind, cwd=str(tmp_path), **config)  # type: ignore[arg-type]
+    r = run(ex, f"{CLONE_PARENT} 3 {linger}")
+    exited, lingering = cloned(r.stdout.text)
+    try:
+        if "refused" in r.stdout.text:
+            return  # a confined mode may forbid CLONE_PARENT: nothing to reap then
+        assert len(exited) == 3 and len(lingering) == 1, r.stdout.text
+        assert r.leftover_killed == 1  # the lingerer, killed with its call
+        assert eventually_no_zombies(exited + lingering) == []
+    finally:
+        kill_and_reap(exited + lingering)
+
+
+# Only zombies that are provably a call's are reaped: the harness's own children keep their
+# exit status for their owner, whatever calls settle meanwhile.
+@needs_clone_syscall
+def test_the_harness_own_children_keep_their_status(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    mine = [
+        subprocess.Popen([sys.executable, "-c", "import os; os._exit(5)"]),
+        subprocess.Popen([sys.executable, "-c", "import os; os._exit(6)"], start_new_session=True),
+        subprocess.Popen([sys.executable, "-c", "import os; os.setpgid(0, 0); os._exit(9)"]),
+    ]
+    try:
+        pids = [p.pid for p in mine]
+        deadline = time.monotonic() + 5
+        while len(zombie_children(pids)) < len(pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(zombie_children(pids)) == len(pids)
+        for containment in ("auto", "session"):
+            ex = LocalShellExecutor(
+                cwd=str(tmp_path), grace_ms=300, service=svc, containment=containment
+            )
+            for _ in range(3):
+                r = run(ex, f"{CLONE_PARENT} 2 linger")
+                exited, lingering = cloned(r.stdout.text)
+                assert eventually_no_zombies(exited + lingering) == []
+        time.sleep(0.6)  # past any rescan of settled calls
+        assert [p.wait(timeout=5) for p in mine] == [5, 6, 9]
+    finally:
+        for p in mine:
+            with contextlib.suppress(OSError):
+                p.kill()

@@ -3,6 +3,7 @@ open files; effective limits, enforcement facts and the rendered markers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -10,6 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from containment_helpers import (
+    CLONE_MACHINES,
+    CLONE_PARENT,
+    cloned,
+    kill_and_reap,
     kill_marked,
     marked_env,
     new_cgroup_dirs,
@@ -18,13 +23,16 @@ from containment_helpers import (
     survivors,
 )
 
+from conftest import HELPERS, run
 from shellseam import (
     LocalShellExecutor,
     ResourceLimits,
+    SandboxShellExecutor,
     ShellError,
     ShellExecRequest,
     SubprocessService,
     containment_facts,
+    landlock_abi,
     render_result,
 )
 
@@ -32,6 +40,7 @@ FACTS = containment_facts()
 PER_LIMIT = FACTS["limits"]
 assert isinstance(PER_LIMIT, dict)
 PY = sys.executable
+MIB = 2**20
 
 
 @pytest.fixture
@@ -354,3 +363,75 @@ def test_model_input_cannot_set_limits(svc: SubprocessService, tmp_path: os.Path
     result = asyncio.run(tool.execute(args, ToolContext("s", str(tmp_path))))
     assert result.text.startswith("64\n")
     assert "[file size limit of 100 bytes reached]" in result.text
+
+
+# Nothing a call leaves charged to its cgroup may weigh on a later call (SPEC §7).
+#
+# Attack: with a memory limit, fill 100 MiB of tmpfs (/dev/shm outlives the call). The pages
+# stay charged to the call's memory cgroup; once it went back to the pool, the next call of
+# the same executor started with them and was OOM-killed allocating 50 MiB.
+@pytest.mark.skipif(PER_LIMIT["memory_bytes"] != "tree", reason="no memory controller")
+@pytest.mark.parametrize("confined", [False, True])
+def test_tmpfs_pages_a_call_leaves_do_not_count_against_the_next(
+    svc: SubprocessService, tmp_path: os.PathLike[str], confined: bool
+) -> None:
+    limits = ResourceLimits(memory_bytes=128 * MIB)
+    ex = executor(svc, tmp_path, limits=limits)
+    if confined:
+        if landlock_abi() < 1:
+            pytest.skip("kernel has no Landlock")
+        ex = SandboxShellExecutor(cwd=str(tmp_path), grace_ms=300, service=svc, limits=limits)
+    shm = f"/dev/shm/shellseam-test-{os.getpid()}-{confined}"
+    try:
+        run(ex, "true")
+        fds = len(os.listdir("/proc/self/fd"))
+        plant = run(ex, f"head -c {100 * MIB} /dev/zero > {shm}")
+        assert plant.exit_code == 0, plant.stderr.text
+        # Its cgroup is not pooled: removed off the caller's path, but no fd of it outlives
+        # the result meanwhile.
+        assert len(os.listdir("/proc/self/fd")) == fds
+        victim = run(ex, f"{PY} {os.path.join(HELPERS, 'grow_memory.py')} 50")
+        assert victim.exit_code == 0, (victim.stdout.text, victim.stderr.text)
+        assert victim.resources is not None
+        assert victim.resources.limit_exceeded is None
+        charge = int(victim.stdout.text.split()[1])
+        assert charge < 16 * MIB, f"the next call started with {charge} bytes charged"
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(shm)
+
+
+# The pool still works: calls that leave nothing charged share a cgroup or two.
+@pytest.mark.skipif(PER_LIMIT["memory_bytes"] != "tree", reason="no memory controller")
+def test_clean_cgroups_are_still_pooled_under_a_memory_limit(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    ex = executor(svc, tmp_path, limits=ResourceLimits(memory_bytes=128 * MIB))
+    seen = set()
+    for command in ("true", "ls / > /dev/null", f"{PY} -c pass") * 5:
+        r = run(ex, f"{command}; grep -E '^0::|memory' /proc/self/cgroup")
+        assert r.exit_code == 0
+        seen.add(r.stdout.text)
+    assert len(seen) <= 3, seen
+
+
+# Attack: leave 15 zombies with clone(CLONE_PARENT) under max_processes=20. They are children
+# of the harness, which never reaped them, and stayed charged to the pooled pids cgroup: the
+# next call's forks failed with EAGAIN and it reported limit_exceeded="processes".
+@pytest.mark.skipif(PER_LIMIT["max_processes"] != "tree", reason="no pids controller")
+@pytest.mark.skipif(os.uname().machine not in CLONE_MACHINES, reason="raw clone unknown")
+def test_zombies_a_call_leaves_do_not_count_against_the_next(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    ex = executor(svc, tmp_path, limits=ResourceLimits(max_processes=20))
+    forks = "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.2 & done; wait; echo forks-done"
+    plant = run(ex, f"{CLONE_PARENT} 15")
+    exited, _ = cloned(plant.stdout.text)
+    try:
+        assert len(exited) == 15, plant.stdout.text
+        victim = run(ex, forks)
+        assert victim.stdout.text == "forks-done\n", victim.stderr.text
+        assert victim.resources is not None
+        assert victim.resources.limit_exceeded is None
+    finally:
+        kill_and_reap(exited)

@@ -189,7 +189,8 @@ impl CallCgroup {
         Ok(())
     }
 
-    pub(super) fn close(&mut self) {
+    /// Closes the call's directory fds (a cgroup out of use holds none).
+    pub fn close(&mut self) {
         self.dirs().for_each(|d| d.fd = None);
     }
 
@@ -271,6 +272,36 @@ impl CallCgroup {
         usage
     }
 
+    /// Tasks charged to the call's pids controller, zombies included until reaped (None:
+    /// the call uses none; an unreadable count is taken as charged).
+    pub fn pids_charged(&self) -> Option<u64> {
+        if !self.use_pids {
+            return None;
+        }
+        let fd = if self.v2_pids {
+            self.dir.raw()
+        } else {
+            self.pids.as_ref().map_or(-1, Dir::raw)
+        };
+        Some(charge(fd, "pids.current"))
+    }
+
+    /// Bytes charged to the call's memory controller: what its processes still hold, and
+    /// what outlives them (tmpfs pages, page cache, kernel objects). None: the call uses none.
+    pub fn memory_charged(&self) -> Option<u64> {
+        if !self.use_memory {
+            return None;
+        }
+        Some(if self.v2_memory {
+            charge(self.dir.raw(), "memory.current")
+        } else {
+            charge(
+                self.memory.as_ref().map_or(-1, Dir::raw),
+                "memory.usage_in_bytes",
+            )
+        })
+    }
+
     /// Live members (zombies are not listed by cgroup v2).
     pub fn members(&self) -> Vec<libc::pid_t> {
         read_at(self.dir.raw(), "cgroup.procs")
@@ -296,6 +327,14 @@ impl CallCgroup {
         self.killed = true;
         write_at(self.dir.raw(), "cgroup.kill", "1")
     }
+}
+
+/// A counter file's value; u64::MAX when it cannot be read (never mistaken for empty).
+fn charge(fd: RawFd, name: &str) -> u64 {
+    read_at(fd, name)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// Re-arms an EPOLLPRI watch on `cgroup.events`: kernfs reports a change until the file

@@ -10,7 +10,8 @@
 //! `mkdir`/`rmdir` stay off the hot path: a call takes a cgroup from the service's pool and
 //! gives it back once empty; counters that cannot be reset (CPU, `pids.events`, OOM kills)
 //! are read as a baseline when the cgroup returns to the pool. A cgroup whose members would
-//! not die (uninterruptible sleep) is never reused.
+//! not die (uninterruptible sleep) is never reused, nor one still charged with something of
+//! its call (zombies, tmpfs pages): it would weigh on the next call.
 
 mod call;
 mod hierarchy;
@@ -76,9 +77,10 @@ pub(super) fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<
     Ok(unsafe { fs::File::from_raw_fd(fd) })
 }
 
-/// Reads a cgroup file. kernfs hands over everything that fits in one read, so a short
-/// read is the end: one `read` per small file instead of two.
-pub(super) fn read_at(dir: RawFd, name: &str) -> io::Result<String> {
+/// Reads a cgroup file, or a one-record /proc file (`stat`, `cgroup`; `dir` AT_FDCWD).
+/// kernfs and procfs hand over everything that fits in one read, so a short read is the
+/// end: one `read` per small file instead of `read_to_string`'s probes and `statx`.
+pub(crate) fn read_at(dir: RawFd, name: &str) -> io::Result<String> {
     let mut file = open_at(dir, name, libc::O_RDONLY)?;
     let mut buf = vec![0u8; 4096];
     let mut len = 0;

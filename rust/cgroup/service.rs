@@ -15,6 +15,23 @@ use super::{lock, write_at, CallCgroup, Hierarchy, TreeLimits};
 /// Idle cgroups kept per service for reuse; more are removed when they come back.
 const POOL_MAX: usize = 64;
 
+/// The memory charge an emptied cgroup may keep and still be pooled. The kernel caches
+/// charges per CPU (up to `MEMCG_CHARGE_BATCH`, 64 pages, per CPU and cgroup), so a cgroup
+/// whose processes are gone still shows a few hundred KiB, plus some kernel memory; 100-550
+/// KiB after `true`, `ls` or `python -c pass` on a 2-CPU host. What a call leaves beyond
+/// that (tmpfs pages, page cache) would count against the next call's limit and peak.
+fn idle_charge_bytes() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (cpus, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let per_cpu = 64 * u64::try_from(page).unwrap_or(4096);
+    per_cpu * u64::try_from(cpus).unwrap_or(1).max(1) + (512 << 10)
+}
+
 /// Parent name unique to this process and service.
 fn parent_name() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -32,6 +49,7 @@ pub struct ServiceCgroups {
     pids_parent: Option<PathBuf>,
     v2_memory: bool,
     v2_pids: bool,
+    idle_charge: u64,
     pool: Mutex<Vec<CallCgroup>>,
     next: AtomicU64,
 }
@@ -80,6 +98,7 @@ impl ServiceCgroups {
             pids_parent,
             v2_memory,
             v2_pids,
+            idle_charge: idle_charge_bytes(),
             pool: Mutex::new(Vec::new()),
             next: AtomicU64::new(0),
         })
@@ -177,10 +196,17 @@ impl ServiceCgroups {
         Ok(cg)
     }
 
-    /// Whether `cg` can go straight back to the pool: its call emptied it and it was never
-    /// `cgroup.kill`ed. `pool` then takes it without a syscall beyond closing its fds.
-    pub fn reusable(cg: &CallCgroup, emptied: bool) -> bool {
-        emptied && !cg.killed
+    /// Whether `cg` can go straight back to the pool: its call emptied it, it was never
+    /// `cgroup.kill`ed, and the memory charged to it (when the call used the controller) is
+    /// no more than an idle cgroup shows: nothing of a call may weigh on the next one. The
+    /// caller checks the pids charge. `pool` then takes it without a syscall beyond closing
+    /// its fds.
+    pub fn reusable(&self, cg: &CallCgroup, emptied: bool) -> bool {
+        emptied
+            && !cg.killed
+            && cg
+                .memory_charged()
+                .is_none_or(|bytes| bytes <= self.idle_charge)
     }
 
     /// Returns an emptied, reusable cgroup to the pool (see `reusable`).
@@ -195,12 +221,11 @@ impl ServiceCgroups {
         }
     }
 
-    /// Disposes of a cgroup that is not plainly reusable: removes a killed one, leaves one
-    /// that is still populated (members that would not die) until the service goes away.
+    /// Disposes of a cgroup that is not plainly reusable: removes it, unless it is still
+    /// populated (members that would not die), which rmdir refuses; `remove_all` then takes
+    /// it when the service goes away. By path only: it holds no fd once its call completed.
     pub fn release(&self, cg: CallCgroup) {
-        if cg.killed || !cg.populated() {
-            remove(cg);
-        }
+        remove(cg);
     }
 
     /// Removes every idle cgroup and the parents (call after every call has settled).
@@ -298,7 +323,7 @@ mod tests {
         assert!(!cg.populated());
         assert!(cg.members().is_empty());
         let path = cg.path().to_path_buf();
-        assert!(ServiceCgroups::reusable(&cg, true));
+        assert!(svc.reusable(&cg, true));
         svc.pool(cg);
         let again = svc.acquire(TreeLimits::default()).expect("reuse");
         assert_eq!(again.path(), path);
@@ -307,5 +332,68 @@ mod tests {
         svc.remove_all();
         assert!(!path.exists());
         assert!(!svc.parent().exists());
+    }
+
+    #[test]
+    fn charges_a_call_leaves_keep_its_cgroup_out_of_the_pool() {
+        use crate::spawn::{spawn, SpawnPlan};
+        use std::ffi::CString;
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        /// Removes the tmpfs file and the cgroups, also when an assertion fails.
+        struct Cleanup(ServiceCgroups, String);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = fs::remove_file(&self.1);
+                self.0.remove_all();
+            }
+        }
+        let shm = format!("/dev/shm/shellseam-cargo-{}", std::process::id());
+        let guard = Cleanup(
+            ServiceCgroups::new(h).expect("service cgroups"),
+            shm.clone(),
+        );
+        let svc = &guard.0;
+        let cg = svc
+            .acquire(TreeLimits {
+                memory_bytes: Some(256 << 20),
+                max_processes: Some(8),
+            })
+            .expect("acquire");
+        let c = |s: &str| CString::new(s).unwrap();
+        let plan = SpawnPlan {
+            program: c("/bin/sh"),
+            argv: vec![
+                c("sh"),
+                c("-c"),
+                c(&format!("head -c 8388608 /dev/zero > {shm}")),
+            ],
+            envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
+            cwd: c("/"),
+            confinement: None,
+            script: None,
+            cgroup: Some(cg.dir_fd()),
+            join_cgroups: cg.join_fds(),
+            rlimits: vec![],
+        };
+        let child = spawn(&plan).expect("spawn");
+        while crate::kill::liveness(child.pid).is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(cg.pids_charged(), Some(1), "a zombie stays charged");
+        crate::sys::reap_blocking(child.pid);
+        assert_eq!(cg.pids_charged(), Some(0));
+        let planted = cg.memory_charged().unwrap();
+        let reusable = svc.reusable(&cg, true);
+        let _ = fs::remove_file(&shm);
+        assert!(planted >= 8 << 20, "{planted}");
+        assert!(!reusable, "tmpfs pages outlive the call");
+        assert!(svc.reusable(&cg, true), "{:?}", cg.memory_charged());
+        svc.release(cg);
+        let parent = svc.parent().to_path_buf();
+        drop(guard);
+        assert!(!parent.exists());
     }
 }

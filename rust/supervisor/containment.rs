@@ -1,7 +1,7 @@
 //! The service's containment glue on `Shared`: its cgroups (created on the first contained
 //! call and announced to the keeper), the keeper itself, and what happens when a call
-//! settles: its cgroup goes back to the pool or is queued for removal off the caller's path,
-//! and zombies a subreaper harness adopted are reaped on a rescan timer.
+//! settles: its stray zombies are reaped, its cgroup goes back to the pool or is queued for
+//! removal off the caller's path, and late zombies are looked for on a rescan timer.
 
 use std::ffi::CString;
 use std::time::Instant;
@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::{Shared, Source};
 use crate::adopted::{Owner, RESCAN};
 use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
-use crate::contain::CallContainment;
+use crate::contain::{cgroup_tail, CallContainment};
 use crate::keeper::Keeper;
 use crate::sys::{eventfd_raise, lock};
 use nix::sys::epoll::EpollFlags;
@@ -90,35 +90,50 @@ impl Shared {
         }
     }
 
-    /// The call settled: stop watching it, queue its cgroup for the pool, reap zombies of
-    /// its killed descendants that a subreaper harness inherited, and let the keeper
-    /// forget a session group.
-    pub fn end_containment(&self, pgid: libc::pid_t, contain: &mut CallContainment) {
+    /// The call settled. While its leader is still an unreaped zombie (`leader_held`): stop
+    /// watching it, reap its stray zombies, let the keeper forget a session group. Then
+    /// `release_leader`, and only after that does its cgroup go back to the pool: when
+    /// nothing is left charged to it (see `ServiceCgroups::reusable`) and no zombie of the
+    /// call can still turn up. Otherwise it is queued for removal off the caller's path.
+    /// Zombies of the call still to come are looked for a moment (for a subreaper harness,
+    /// those of every call not pooled).
+    pub fn end_containment(
+        &self,
+        pgid: libc::pid_t,
+        contain: &mut CallContainment,
+        leader_held: bool,
+        release_leader: impl FnOnce(),
+    ) {
         if let Some((fd, key)) = contain.events.take() {
             self.unwatch(&fd, key);
         }
+        contain.reap_strays(pgid, leader_held);
+        if contain.cgroup.is_none() {
+            self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
+        }
+        release_leader();
+        let (held, coming) = contain.left_behind();
         let owner = match contain.cgroup.take() {
-            Some(cg) => {
-                let tail = cg_tail(cg.path());
-                let set = self.cgroups.get().and_then(Option::as_ref);
-                match set {
-                    // The common case, at once: no fd of the call outlives its completion.
-                    Some(set) if ServiceCgroups::reusable(&cg, contain.emptied) => set.pool(cg),
-                    _ => {
-                        // rmdir or a populated check: off the caller's path.
-                        lock(&self.releases).push(cg);
-                        eventfd_raise(&self.wake);
+            Some(mut cg) => {
+                if let Some(set) = self.cgroups.get().and_then(Option::as_ref) {
+                    if !held && set.reusable(&cg, contain.emptied) {
+                        // The common case, at once: no fd of the call outlives its completion.
+                        set.pool(cg);
+                        return;
                     }
                 }
+                let tail = cgroup_tail(cg.path());
+                // rmdir or a populated check: off the caller's path. No fd of the call
+                // outlives its completion meanwhile.
+                cg.close();
+                lock(&self.releases).push(cg);
+                eventfd_raise(&self.wake);
                 Owner::Cgroup(tail)
             }
-            None => {
-                self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
-                Owner::Group(pgid)
-            }
+            None => Owner::Group(pgid),
         };
         let now = Instant::now();
-        if lock(&self.adopted).settled(owner, now) {
+        if lock(&self.adopted).settled(owner, coming, now) {
             self.add_timer(now + RESCAN, 0, true);
         }
     }
@@ -140,16 +155,4 @@ impl Shared {
             }
         }
     }
-}
-
-/// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.
-fn cg_tail(path: &std::path::Path) -> String {
-    let mut parts = path.iter().rev().take(2).collect::<Vec<_>>();
-    parts.reverse();
-    let mut tail = String::new();
-    for part in parts {
-        tail.push('/');
-        tail.push_str(&part.to_string_lossy());
-    }
-    tail
 }
