@@ -71,6 +71,8 @@ pub(crate) struct ProcState {
     pub contain: CallContainment,
     /// A caller blocked in `wait` polls the pipes and pidfd itself (supervisor/handover.rs).
     pub caller_driven: bool,
+    /// A bulk producer: waiting callers leave the draining to the supervisor.
+    pub bulk_output: bool,
 }
 
 /// One managed process group, shared by the supervisor and its callers.
@@ -119,6 +121,7 @@ impl Proc {
                 grace: cfg.grace,
                 contain,
                 caller_driven: false,
+                bulk_output: false,
             }),
             done: Condvar::new(),
         }

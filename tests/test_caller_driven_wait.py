@@ -95,3 +95,18 @@ def test_a_background_holder_of_the_pipes_is_left_to_the_supervisor(
     assert finished is not None
     assert finished.stdout.text == "early\n"
     assert finished.outcome.leftover_killed == 2  # the subshell and its sleep
+
+
+def test_a_bulk_producer_is_handed_back_and_every_byte_arrives(
+    service: SubprocessService,
+) -> None:
+    # Tens of MiB: the caller drains the first bulk read, then leaves the stream to the
+    # supervisor's epoll loop; the tail and the spill file still hold every byte, in order.
+    size = 24 << 20
+    finished = _spawn(service, f"head -c {size} /dev/zero | tr '\\0' z; printf END").wait_result(60)
+    assert finished is not None
+    assert finished.outcome.exit_code == 0
+    assert finished.stdout.total_bytes == size + 3
+    assert finished.stdout.text.endswith("zzzEND")
+    spill = finished.stdout.spill_path
+    assert spill is not None and os.path.getsize(spill) == size + 3

@@ -10,7 +10,9 @@
 //! supervisor, which needs no fd for them.
 //!
 //! Only a process that is plainly running qualifies: its stdin fully written (feeding it
-//! needs EPOLLOUT in the supervisor) and no other caller driving it.
+//! needs EPOLLOUT in the supervisor) and no other caller driving it. A bulk producer goes
+//! back to the supervisor for good: its epoll loop drains a stream faster than a `poll`
+//! per wake-up does.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, OwnedFd};
@@ -55,6 +57,7 @@ fn take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
     if st.phase != Phase::Running
         || st.leader.is_some()
         || st.caller_driven
+        || st.bulk_output
         || st.stdin.fd.is_some()
         || st.pidfd_key.is_none()
     {
@@ -100,8 +103,22 @@ fn give_back(proc: &Proc, st: &mut ProcState) {
     }
 }
 
-/// Drains one stream for the caller; drops its duplicate once the stream is closed.
-fn drain(proc: &Proc, st: &mut ProcState, is_out: bool, taken: &mut Taken) {
+/// Output in one drain past which the caller hands the process back: a bulk producer is
+/// drained best by the supervisor's epoll loop (a `poll` per wake-up re-arms three wait
+/// queues each time: 1 GiB measured ~15 % slower drained by the caller).
+const BULK: u64 = 256 * 1024;
+
+/// Drains one stream for the caller; drops its duplicate once the stream is closed. True
+/// when the drain was bulk (see `BULK`).
+fn drain(proc: &Proc, st: &mut ProcState, is_out: bool, taken: &mut Taken) -> bool {
+    let total = |st: &ProcState| {
+        if is_out {
+            st.stdout.collector.total()
+        } else {
+            st.stderr.collector.total()
+        }
+    };
+    let before = total(st);
     SCRATCH.with_borrow_mut(|scratch| {
         if scratch.len() < READ_CHUNK {
             scratch.resize(READ_CHUNK, 0);
@@ -116,6 +133,7 @@ fn drain(proc: &Proc, st: &mut ProcState, is_out: bool, taken: &mut Taken) {
     if !open {
         *dup = None;
     }
+    total(st).saturating_sub(before) >= BULK
 }
 
 /// Drives `proc` from the calling thread until its leader exits (then settles it as
@@ -158,14 +176,14 @@ pub(crate) fn drive_until_exit(proc: &Proc, timeout: Option<Duration>) -> bool {
         }
         if out_ready || err_ready {
             let mut st = lock(&proc.state);
-            if out_ready {
-                drain(proc, &mut st, true, &mut taken);
-            }
-            if err_ready {
-                drain(proc, &mut st, false, &mut taken);
-            }
+            let bulk = (out_ready && drain(proc, &mut st, true, &mut taken))
+                | (err_ready && drain(proc, &mut st, false, &mut taken));
             if st.phase != Phase::Running || st.leader.is_some() {
                 break true; // the supervisor saw the exit first (an event it already had)
+            }
+            if bulk {
+                st.bulk_output = true;
+                break false; // a bulk producer: the supervisor drains it from here on
             }
         }
     };
