@@ -17,7 +17,13 @@ use crate::kill::{group_alive, group_members, liveness, only_a_dead_leader, sign
 /// `(resource, soft, hard)` for `prlimit64` in the child.
 pub type Rlimit = (u32, u64, u64);
 
-/// The limits of one call, as validated by the Python layer (`None`: no limit).
+/// The limits of one call, as validated by the Python layer (`None`: no limit). Python
+/// builds it as the frozen record `_core.CallLimits` (constructor in bindings/contain.rs);
+/// a negative value or a non-int is refused there by the conversion to u64.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, module = "shellseam._core")
+)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallLimits {
     pub memory_bytes: Option<u64>,

@@ -4,20 +4,8 @@
 use pyo3::prelude::*;
 
 use crate::cgroup::{hierarchy, ServiceCgroups};
-use crate::contain::{CallLimits as CoreCallLimits, Resources as CoreResources};
-
-/// The limits of one call, as Python hands them to `Supervisor.spawn` (None: no limit).
-/// The Python layer has validated them (positive, within i64); a negative value or a
-/// non-int is refused here by the conversion to u64.
-#[pyclass(frozen, get_all, module = "shellseam._core")]
-#[derive(Clone, Debug, PartialEq)]
-pub struct CallLimits {
-    pub memory_bytes: Option<u64>,
-    pub max_processes: Option<u64>,
-    pub cpu_ms: Option<u64>,
-    pub file_size_bytes: Option<u64>,
-    pub open_files: Option<u64>,
-}
+pub use crate::contain::CallLimits;
+use crate::contain::Resources as CoreResources;
 
 #[pymethods]
 impl CallLimits {
@@ -41,18 +29,6 @@ impl CallLimits {
 
     fn __repr__(&self) -> String {
         format!("{self:?}")
-    }
-}
-
-impl From<&CallLimits> for CoreCallLimits {
-    fn from(l: &CallLimits) -> Self {
-        Self {
-            memory_bytes: l.memory_bytes,
-            max_processes: l.max_processes,
-            cpu_ms: l.cpu_ms,
-            file_size_bytes: l.file_size_bytes,
-            open_files: l.open_files,
-        }
     }
 }
 

@@ -130,7 +130,7 @@ impl Supervisor {
             spill_cap,
             grace: Duration::from_millis(grace_ms),
             stdin,
-            limits: limits.map(Into::into).unwrap_or_default(),
+            limits: limits.copied().unwrap_or_default(),
             cgroup,
         };
         let inner = Arc::clone(&self.inner);
