@@ -8,7 +8,8 @@
 //! `clone` is used and the child joins the cgroup itself before anything else.
 //!
 //! The child's own steps are raw syscalls on memory prepared by the parent: join v1
-//! controller cgroups by writing "0" to their `cgroup.procs`, then lower rlimits.
+//! controller cgroups by writing "0" to their `tasks` files (fds the parent holds), then
+//! lower rlimits.
 
 use std::ffi::c_void;
 use std::os::fd::RawFd;
@@ -22,7 +23,7 @@ pub const MAX_JOINS: usize = 3;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ChildContain {
-    /// v1 cgroup directory fds to join; -1 marks an unused slot.
+    /// Held fds on the v1 `tasks` files to join (see `TASKS`); -1 marks an unused slot.
     pub join: [RawFd; MAX_JOINS],
     /// A v2 cgroup directory to join when clone3 could not clone into it; -1: none.
     pub join_v2: RawFd,
@@ -57,10 +58,18 @@ impl ChildContain {
 }
 
 const CGROUP_PROCS: &[u8] = b"cgroup.procs\0";
-/// v1: moving only the calling thread (`tasks`, pid 0) skips the global threadgroup
-/// lock that a `cgroup.procs` write takes, and with it an RCU grace period that could cost
-/// milliseconds; the child is single-threaded, so the thread is the process.
-const TASKS: &[u8] = b"tasks\0";
+// v1 joins write the `tasks` file: moving only the calling thread (pid 0) skips the global
+// threadgroup lock that a `cgroup.procs` write takes, and with it an RCU grace period that
+// could cost milliseconds; the child is single-threaded, so the thread is the process.
+
+/// Writes "0" (this task) to the held cgroup file `fd`.
+///
+/// # Safety
+/// Raw syscalls only; callable between clone and exec.
+unsafe fn join_fd(fd: RawFd) -> bool {
+    // SAFETY: a raw write of a static byte; "0" moves the writing task.
+    unsafe { libc::syscall(libc::SYS_write, fd, b"0".as_ptr(), 1usize) >= 0 }
+}
 
 /// Writes "0" (this task) into `name` under the cgroup directory `dir`.
 ///
@@ -97,9 +106,9 @@ pub unsafe fn child_join_cgroups(c: &ChildContain) -> bool {
     if c.join_v2 >= 0 && !unsafe { join(c.join_v2, CGROUP_PROCS) } {
         return false;
     }
-    for &dir in &c.join {
+    for &fd in &c.join {
         // SAFETY: as above.
-        if dir >= 0 && !unsafe { join(dir, TASKS) } {
+        if fd >= 0 && !unsafe { join_fd(fd) } {
             return false;
         }
     }
@@ -238,7 +247,8 @@ mod tests {
                 max_processes: Some(16),
             })
             .expect("acquire");
-        let contain = ChildContain::new(&cg.join_fds(), &[]).with_join_v2(cg.dir_fd());
+        let contain =
+            ChildContain::new(&cg.join_fds().expect("tasks files"), &[]).with_join_v2(cg.dir_fd());
         // SAFETY: the child only makes raw syscalls, then pauses until killed.
         let pid = unsafe { libc::fork() };
         if pid == 0 {

@@ -238,7 +238,7 @@ mod tests {
             confinement: None,
             script: None,
             cgroup: Some(cg.dir_fd()),
-            join_cgroups: cg.join_fds(),
+            join_cgroups: cg.join_fds().expect("tasks files"),
             rlimits: Vec::new(),
         };
         let child = spawn(&plan).expect("spawn");

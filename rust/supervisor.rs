@@ -228,13 +228,17 @@ impl Service {
         }
         let (contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
         plan.cgroup = contain.cgroup.as_ref().map(CallCgroup::dir_fd);
-        plan.join_cgroups = contain
+        let joins = contain
             .cgroup
             .as_ref()
             .map(CallCgroup::join_fds)
-            .unwrap_or_default();
+            .transpose()
+            .map_err(|e| SpawnError::from_io(SpawnStage::Contain, &e));
         plan.rlimits = rlimits;
-        let child = match spawn(plan) {
+        let child = match joins.and_then(|joins| {
+            plan.join_cgroups = joins.unwrap_or_default();
+            spawn(plan)
+        }) {
             Ok(child) => child,
             Err(err) => {
                 let mut contain = contain;

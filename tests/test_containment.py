@@ -279,8 +279,9 @@ def test_a_call_without_a_cgroup_falls_back_to_session_and_says_so(
 
 @needs_cgroup
 def test_no_fd_of_a_call_outlives_its_result(ex: LocalShellExecutor) -> None:
-    # Idle pooled cgroups hold no descriptors, and a call's are closed before its result is
-    # handed over: the count is exact right after each call, with no settling time.
+    # Only the service's warm cgroup holds descriptors between calls, and a call that makes
+    # it unusable (a leftover was killed) gets it replaced before its result is handed over:
+    # the count is exact right after each call, with no settling time.
     ex.run_sync(ex.resolve(ShellExecRequest(command="true")))
     fds = len(os.listdir("/proc/self/fd"))
     for command in ("true", "sleep 0.01 &", "echo x; exit 3"):

@@ -51,7 +51,20 @@ pub struct ServiceCgroups {
     v2_pids: bool,
     idle_charge: u64,
     pool: Mutex<Vec<CallCgroup>>,
+    home: Mutex<Home>,
     next: AtomicU64,
+}
+
+/// The service's warm cgroup: the one a call gets whenever no other call holds it (every
+/// call, when they come one at a time), with its files held open between calls (see
+/// `Dir`). There is exactly one while the service has cgroups, so the harness holds the
+/// same descriptors after any call: when a call leaves it unusable, `lost` puts another in
+/// its place before that call completes.
+enum Home {
+    /// Not made yet.
+    None,
+    Idle(CallCgroup),
+    InUse,
 }
 
 impl ServiceCgroups {
@@ -100,6 +113,7 @@ impl ServiceCgroups {
             v2_pids,
             idle_charge: idle_charge_bytes(),
             pool: Mutex::new(Vec::new()),
+            home: Mutex::new(Home::None),
             next: AtomicU64::new(0),
         })
     }
@@ -171,6 +185,7 @@ impl ServiceCgroups {
             v2_pids: self.v2_pids,
             applied: TreeLimits::default(),
             killed: false,
+            home: false,
             use_memory: false,
             use_pids: false,
             peak: None,
@@ -182,25 +197,59 @@ impl ServiceCgroups {
         Ok(cg)
     }
 
-    /// A cgroup for a new call with `limits` applied.
+    /// A cgroup for a new call with `limits` applied: the warm one when it is free.
     pub fn acquire(&self, limits: TreeLimits) -> io::Result<CallCgroup> {
+        let mut cg = {
+            let mut home = lock(&self.home);
+            match std::mem::replace(&mut *home, Home::InUse) {
+                Home::Idle(cg) => cg,
+                Home::None => {
+                    drop(home);
+                    match self.new_home() {
+                        Ok(cg) => cg,
+                        Err(e) => {
+                            *lock(&self.home) = Home::None;
+                            return Err(e);
+                        }
+                    }
+                }
+                Home::InUse => {
+                    drop(home);
+                    let pooled = lock(&self.pool).pop();
+                    match pooled {
+                        Some(cg) => cg,
+                        None => self.create()?,
+                    }
+                }
+            }
+        };
+        if let Err(e) = cg.open(limits).and_then(|()| cg.apply(limits)) {
+            self.release(cg);
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    /// A cgroup from the pool (or a new one) made warm.
+    fn new_home(&self) -> io::Result<CallCgroup> {
         let pooled = lock(&self.pool).pop();
         let mut cg = match pooled {
             Some(cg) => cg,
             None => self.create()?,
         };
-        if let Err(e) = cg.open(limits).and_then(|()| cg.apply(limits)) {
+        if let Err(e) = cg.warm() {
             remove(cg);
             return Err(e);
         }
+        cg.trim(); // what `create` read for its baselines
+        cg.home = true;
         Ok(cg)
     }
 
     /// Whether `cg` can go straight back to the pool: its call emptied it, it was never
     /// `cgroup.kill`ed, and the memory charged to it (when the call used the controller) is
     /// no more than an idle cgroup shows: nothing of a call may weigh on the next one. The
-    /// caller checks the pids charge. `pool` then takes it without a syscall beyond closing
-    /// its fds.
+    /// caller checks the pids charge. `pool` then takes it without a syscall.
     pub fn reusable(&self, cg: &CallCgroup, emptied: bool) -> bool {
         emptied
             && !cg.killed
@@ -209,8 +258,14 @@ impl ServiceCgroups {
                 .is_none_or(|bytes| bytes <= self.idle_charge)
     }
 
-    /// Returns an emptied, reusable cgroup to the pool (see `reusable`).
+    /// Returns an emptied, reusable cgroup to the pool (see `reusable`), or to the home
+    /// slot with its files held (the warm one).
     pub fn pool(&self, mut cg: CallCgroup) {
+        if cg.home {
+            cg.trim();
+            *lock(&self.home) = Home::Idle(cg);
+            return;
+        }
         cg.close();
         let mut pool = lock(&self.pool);
         if pool.len() < POOL_MAX {
@@ -221,16 +276,36 @@ impl ServiceCgroups {
         }
     }
 
+    /// The warm cgroup `cg` cannot be reused: closes its fds and puts another cgroup in its
+    /// place (so the descriptors held do not change). Its removal is the caller's.
+    pub fn lost(&self, cg: &mut CallCgroup) {
+        cg.close();
+        if !std::mem::take(&mut cg.home) {
+            return;
+        }
+        *lock(&self.home) = match self.new_home() {
+            Ok(next) => Home::Idle(next),
+            Err(_) => Home::None,
+        };
+    }
+
     /// Disposes of a cgroup that is not plainly reusable: removes it, unless it is still
     /// populated (members that would not die), which rmdir refuses; `remove_all` then takes
     /// it when the service goes away. By path only: it holds no fd once its call completed.
-    pub fn release(&self, cg: CallCgroup) {
+    pub fn release(&self, mut cg: CallCgroup) {
+        if cg.home {
+            cg.home = false;
+            *lock(&self.home) = Home::None;
+        }
         remove(cg);
     }
 
     /// Removes every idle cgroup and the parents (call after every call has settled).
     pub fn remove_all(&self) {
-        let idle: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.pool));
+        let mut idle: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.pool));
+        if let Home::Idle(cg) = std::mem::replace(&mut *lock(&self.home), Home::None) {
+            idle.push(cg);
+        }
         for cg in idle {
             remove(cg);
         }
@@ -375,7 +450,7 @@ mod tests {
             confinement: None,
             script: None,
             cgroup: Some(cg.dir_fd()),
-            join_cgroups: cg.join_fds(),
+            join_cgroups: cg.join_fds().expect("tasks files"),
             rlimits: vec![],
         };
         let child = spawn(&plan).expect("spawn");

@@ -124,8 +124,11 @@ impl Shared {
                 }
                 let tail = cgroup_tail(cg.path());
                 // rmdir or a populated check: off the caller's path. No fd of the call
-                // outlives its completion meanwhile.
-                cg.close();
+                // outlives its completion meanwhile (a warm cgroup is replaced at once).
+                match self.cgroups.get().and_then(Option::as_ref) {
+                    Some(set) => set.lost(&mut cg),
+                    None => cg.close(),
+                }
                 lock(&self.releases).push(cg);
                 eventfd_raise(&self.wake);
                 Owner::Cgroup(tail)
