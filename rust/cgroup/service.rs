@@ -63,7 +63,7 @@ pub struct ServiceCgroups {
 enum Home {
     /// Not made yet.
     None,
-    Idle(CallCgroup),
+    Idle(Box<CallCgroup>),
     InUse,
 }
 
@@ -202,7 +202,7 @@ impl ServiceCgroups {
         let mut cg = {
             let mut home = lock(&self.home);
             match std::mem::replace(&mut *home, Home::InUse) {
-                Home::Idle(cg) => cg,
+                Home::Idle(cg) => *cg,
                 Home::None => {
                     drop(home);
                     match self.new_home() {
@@ -263,7 +263,7 @@ impl ServiceCgroups {
     pub fn pool(&self, mut cg: CallCgroup) {
         if cg.home {
             cg.trim();
-            *lock(&self.home) = Home::Idle(cg);
+            *lock(&self.home) = Home::Idle(Box::new(cg));
             return;
         }
         cg.close();
@@ -284,7 +284,7 @@ impl ServiceCgroups {
             return;
         }
         *lock(&self.home) = match self.new_home() {
-            Ok(next) => Home::Idle(next),
+            Ok(next) => Home::Idle(Box::new(next)),
             Err(_) => Home::None,
         };
     }
@@ -304,7 +304,7 @@ impl ServiceCgroups {
     pub fn remove_all(&self) {
         let mut idle: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.pool));
         if let Home::Idle(cg) = std::mem::replace(&mut *lock(&self.home), Home::None) {
-            idle.push(cg);
+            idle.push(*cg);
         }
         for cg in idle {
             remove(cg);
