@@ -2,11 +2,12 @@
 //! prepared (`ChildArgs`), no allocation, no locks, no Rust runtime. In order: reset signal
 //! dispositions, `setsid`, stdio with `dup3`, `chdir`, close-on-exec for every other fd, a
 //! long command's script on fd 3, then for a confined call the privilege drop, Landlock and
-//! seccomp (see `confine.rs`), then `execve`. A failure is reported as (stage, errno)
-//! through the close-on-exec report pipe.
+//! seccomp (see `confine.rs`), then `execve`. A failure is reported as (stage, errno) in
+//! `ChildArgs::report`, memory the suspended parent reads once clone returns.
 
 use std::ffi::c_void;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clone::{child_join_cgroups, child_set_rlimits, ChildContain};
 use crate::confine::{CapData, CapHeader, Confinement, LOCKED_SECUREBITS};
@@ -22,7 +23,11 @@ pub(crate) struct ChildArgs {
     pub(crate) envp: *const *const libc::c_char,
     pub(crate) cwd: *const libc::c_char,
     pub(crate) stdio: [RawFd; 3],
-    pub(crate) report_fd: RawFd,
+    /// The failure report: `stage << 32 | errno`, 0 while none. The child shares our memory
+    /// (CLONE_VM) and the parent reads it after clone returns, i.e. after the child exec'd
+    /// (no report) or exited: a store and a load, where a report pipe cost a `pipe2`, two
+    /// closes and a read per spawn.
+    pub(crate) report: AtomicU64,
     /// Highest fd to mark close-on-exec when `close_range` is unavailable.
     pub(crate) max_fd: RawFd,
     pub(crate) script_fd: RawFd,
@@ -92,18 +97,12 @@ pub(crate) extern "C" fn child_main(arg: *mut c_void) -> libc::c_int {
     // parent is suspended (CLONE_VFORK) and every pointer in it was prepared for us.
     let (stage, errno) = unsafe { child_setup(&*(arg as *const ChildArgs)) };
     // Only reached on failure: execve does not return on success.
-    let mut report = [0u8; 8];
-    report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
-    report[4..].copy_from_slice(&errno.to_ne_bytes());
-    // SAFETY: raw write of a stack buffer, then exit_group; no Rust runtime involved.
+    let packed = (u64::from(stage as u32) << 32) | u64::from(errno as u32);
+    // SAFETY: as above; a plain store into the parent's memory, then exit_group with no
+    // Rust runtime involved.
     unsafe {
         let args = &*(arg as *const ChildArgs);
-        libc::syscall(
-            libc::SYS_write,
-            args.report_fd,
-            report.as_ptr(),
-            report.len(),
-        );
+        args.report.store(packed, Ordering::Release);
         libc::syscall(libc::SYS_exit_group, 127);
     }
     127

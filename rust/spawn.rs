@@ -4,12 +4,13 @@
 //! the parent's address space until it calls `execve`. Everything the child needs — argv,
 //! envp, the working directory, the stdio fds, the Landlock ruleset fd — is prepared in the
 //! parent as C data; the child runs only raw, async-signal-safe syscalls on that memory and
-//! reports a failure before exec (stage + errno) through a close-on-exec pipe, so spawn
-//! errors are exact and a refused sandbox is told apart from the command's own failure.
+//! reports a failure before exec (stage + errno) in that memory, so spawn errors are exact
+//! and a refused sandbox is told apart from the command's own failure.
 
 use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::child::{child_main, ChildArgs, ChildConfinement};
 use crate::clone::{clone3_into, ChildContain};
@@ -130,11 +131,9 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     let (stdin_r, stdin_w) = cloexec_pipe().map_err(pipe_err)?;
     let (stdout_r, stdout_w) = cloexec_pipe().map_err(pipe_err)?;
     let (stderr_r, stderr_w) = cloexec_pipe().map_err(pipe_err)?;
-    let (report_r, report_w) = cloexec_pipe().map_err(pipe_err)?;
     let stdin_r = above_stdio(stdin_r).map_err(pipe_err)?;
     let stdout_w = above_stdio(stdout_w).map_err(pipe_err)?;
     let stderr_w = above_stdio(stderr_w).map_err(pipe_err)?;
-    let report_w = above_stdio(report_w).map_err(pipe_err)?;
     for fd in [&stdin_w, &stdout_r, &stderr_r] {
         set_nonblocking(fd).map_err(pipe_err)?;
     }
@@ -153,7 +152,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             stdout_w.as_raw_fd(),
             stderr_w.as_raw_fd(),
         ],
-        report_fd: report_w.as_raw_fd(),
+        report: AtomicU64::new(0),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
         script_fd: plan.script.unwrap_or(-1),
         confine: ChildConfinement::from_plan(plan.confinement.as_deref()),
@@ -178,8 +177,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             finish_spawn(
                 pid,
                 pidfd,
-                report_r,
-                report_w,
+                args.report.load(Ordering::Acquire),
                 (stdin_r, stdout_w, stderr_w),
                 (stdin_w, stdout_r, stderr_r),
             )
@@ -259,19 +257,16 @@ fn clone_raw(
 fn finish_spawn(
     pid: libc::pid_t,
     pidfd: OwnedFd,
-    report_r: OwnedFd,
-    report_w: OwnedFd,
+    report: u64,
     child_ends: (OwnedFd, OwnedFd, OwnedFd),
     parent_ends: (OwnedFd, OwnedFd, OwnedFd),
 ) -> Result<Spawned, SpawnError> {
     let (stdin_w, stdout_r, stderr_r) = parent_ends;
-    // The child has exec'd (its copy of the report pipe closed on exec) or exited; drop our
-    // write end and read whatever it reported.
-    drop(report_w);
     drop(child_ends);
-    if let Some(err) = read_report(&report_r) {
+    if report != 0 {
         crate::sys::reap_blocking(pid);
-        return Err(err);
+        let (stage, errno) = ((report >> 32) as u32, report as u32 as i32);
+        return Err(SpawnError::new(SpawnStage::from_code(stage), errno));
     }
     Ok(Spawned {
         pid,
@@ -282,24 +277,4 @@ fn finish_spawn(
             stderr: stderr_r,
         },
     })
-}
-
-/// Reads the child's 8-byte failure report, if it sent one.
-fn read_report(fd: &OwnedFd) -> Option<SpawnError> {
-    let mut buf = [0u8; 8];
-    let mut got = 0usize;
-    while got < buf.len() {
-        match nix::unistd::read(fd, &mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break,
-        }
-    }
-    if got < buf.len() {
-        return None;
-    }
-    let stage = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
-    let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    Some(SpawnError::new(SpawnStage::from_code(stage), errno))
 }

@@ -162,6 +162,8 @@ class Confinement:
 
     def settle(self) -> None:
         """Runs the cleanup (once)."""
+        if self.cleanup is None:  # nothing to run (an unconfined call): no lock to take
+            return
         with self._lock:
             cleanup, self.cleanup = self.cleanup, None
         if cleanup is not None:
@@ -228,13 +230,19 @@ def _resources(
     if finished is None:
         return None
     outcome = finished.outcome
+    done = finished
+
+    def rusage_cpu_ms() -> float:
+        rusage = outcome.rusage
+        return rusage.user_cpu_ms + rusage.system_cpu_ms
+
     return build_resources(
         spec.limits,
         proc.resources(),
         exit_code=outcome.exit_code,
         signum=outcome.signal,
-        stderr_tail=finished.stderr.text,
-        rusage_cpu_ms=outcome.rusage.user_cpu_ms + outcome.rusage.system_cpu_ms,
+        stderr_tail=lambda: done.stderr.text,
+        rusage_cpu_ms=rusage_cpu_ms,
     )
 
 

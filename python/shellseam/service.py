@@ -83,17 +83,28 @@ def _keeper_command() -> tuple[bytes, list[bytes]] | None:
     return os.fsencode(executable), [os.fsencode(a) for a in argv]
 
 
+#: The core record of the limits converted last (a call's limits are almost always its
+#: executor's: the same object every call).
+_LAST_LIMITS: tuple[ResourceLimits | None, _core.CallLimits | None] = (None, None)
+
+
 def _call_limits(limits: ResourceLimits | None) -> _core.CallLimits | None:
     """The core's record of a call's limits (None: no limits at all)."""
+    global _LAST_LIMITS
     if limits is None:
         return None
-    return _core.CallLimits(
+    last, record = _LAST_LIMITS
+    if last is limits:
+        return record
+    record = _core.CallLimits(
         memory_bytes=limits.memory_bytes,
         max_processes=limits.max_processes,
         cpu_ms=limits.cpu_ms,
         file_size_bytes=limits.file_size_bytes,
         open_files=limits.open_files,
     )
+    _LAST_LIMITS = (limits, record)
+    return record
 
 
 def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
