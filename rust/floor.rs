@@ -1,18 +1,25 @@
-//! The drain floor: the least a userspace reader can do with a child's stdout, timed.
+//! Benchmark floors: the least native code can do for what shellseam does, timed.
 //!
-//! A benchmark diagnostic, not part of the product. It spawns `argv` with stdout on a
-//! non-blocking pipe, waits in epoll, reads into one buffer and copies the last `tail`
-//! bytes into a ring, then reaps the child. No spill file, no process group, no supervisor
-//! thread: whatever shellseam's drain costs beyond this is shellseam's own.
+//! Diagnostics, not part of the product.
+//! - `minimal_reader`, the drain floor: spawns `argv` with stdout on a non-blocking pipe,
+//!   waits in epoll, reads into one buffer and copies the last `tail` bytes into a ring,
+//!   then reaps the child. No spill file, no process group, no supervisor thread: whatever
+//!   shellseam's drain costs beyond this is shellseam's own.
+//! - `session_spawn`, the spawn floor with shellseam's contract: glibc `posix_spawn`
+//!   (vfork) of a session leader with stdin, stdout and stderr on pipes, stdout and stderr
+//!   drained with `poll` until EOF, then `waitpid`. The pipes and the session are what
+//!   SPEC asks of every call, so this is the floor of `run_sync` itself.
 
+use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 
-use crate::pipes::set_nonblocking;
+use crate::pipes::{cloexec_pipe, set_nonblocking};
 use crate::sys::{epoll_add, epoll_create, epoll_event_buffer, epoll_wait, readable};
 
 /// What one floor run measured.
@@ -72,6 +79,82 @@ pub fn minimal_reader(argv: &[String], buf_bytes: usize, tail: usize) -> io::Res
     })
 }
 
+/// Spawns `program` with `argv` and `envp` as a session leader with piped stdio, drains
+/// stdout and stderr with `poll` until both close, reaps it and returns the wall time.
+pub fn session_spawn(
+    program: &CString,
+    argv: &[CString],
+    envp: &[CString],
+) -> io::Result<Duration> {
+    let ptrs = |v: &[CString]| {
+        let mut p: Vec<*mut libc::c_char> = v.iter().map(|s| s.as_ptr() as *mut _).collect();
+        p.push(std::ptr::null_mut());
+        p
+    };
+    let (argv, envp) = (ptrs(argv), ptrs(envp));
+    let started = Instant::now();
+    let (stdin_r, stdin_w) = cloexec_pipe()?;
+    let (stdout_r, stdout_w) = cloexec_pipe()?;
+    let (stderr_r, stderr_w) = cloexec_pipe()?;
+    let mut pid: libc::pid_t = 0;
+    // SAFETY: the attribute and file-action objects are initialised before use and
+    // destroyed after; every pointer handed to posix_spawn (program, NUL-terminated argv and
+    // envp arrays, fds) stays valid for the call.
+    let ret = unsafe {
+        let mut actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        libc::posix_spawn_file_actions_init(&mut actions);
+        libc::posix_spawnattr_init(&mut attr);
+        libc::posix_spawnattr_setflags(&mut attr, libc::POSIX_SPAWN_SETSID as libc::c_short);
+        for (fd, target) in [(&stdin_r, 0), (&stdout_w, 1), (&stderr_w, 2)] {
+            libc::posix_spawn_file_actions_adddup2(&mut actions, fd.as_raw_fd(), target);
+        }
+        let ret = libc::posix_spawn(
+            &mut pid,
+            program.as_ptr(),
+            &actions,
+            &attr,
+            argv.as_ptr(),
+            envp.as_ptr(),
+        );
+        libc::posix_spawn_file_actions_destroy(&mut actions);
+        libc::posix_spawnattr_destroy(&mut attr);
+        ret
+    };
+    drop((stdin_r, stdin_w, stdout_w, stderr_w));
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    let mut open = [Some(stdout_r), Some(stderr_r)];
+    let mut buf = vec![0u8; 64 * 1024];
+    while open.iter().any(Option::is_some) {
+        let mut fds: Vec<PollFd<'_>> = open
+            .iter()
+            .flatten()
+            .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+            .collect();
+        if nix::poll::poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        let mut ready = ready.into_iter();
+        for slot in open.iter_mut() {
+            let Some(fd) = slot.as_ref() else { continue };
+            if ready.next() == Some(true) && matches!(nix::unistd::read(fd, &mut buf), Ok(0)) {
+                *slot = None;
+            }
+        }
+    }
+    let mut status = 0;
+    // SAFETY: reaps the child spawned above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    Ok(started.elapsed())
+}
+
 /// Copies `bytes` (stream offset `at`) into the ring, keeping its last `ring.len()` bytes.
 fn ring_push(ring: &mut [u8], at: u64, bytes: &[u8]) {
     let len = ring.len();
@@ -96,6 +179,23 @@ mod tests {
         let argv = ["head", "-c", "3000000", "/dev/zero"].map(String::from);
         let run = minimal_reader(&argv, 1 << 16, 64 * 1024).unwrap();
         assert_eq!(run.total_bytes, 3_000_000);
+    }
+
+    #[test]
+    fn session_spawn_runs_a_session_leader_to_the_end() {
+        let c = |s: &str| CString::new(s).unwrap();
+        let marker = std::env::temp_dir().join(format!("shellseam-floor-{}", std::process::id()));
+        let script = format!("[ \"$(ps -o sid= -p $$)\" -eq $$ ] && echo ok > {}", marker.display());
+        let took = session_spawn(
+            &c("/bin/sh"),
+            &[c("sh"), c("-c"), c(&script)],
+            &[c("PATH=/usr/bin:/bin")],
+        )
+        .unwrap();
+        let got = std::fs::read_to_string(&marker).unwrap_or_default();
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(got, "ok\n", "ran as the leader of its own session");
+        assert!(took > Duration::ZERO);
     }
 
     #[test]

@@ -356,3 +356,7 @@ def bench_minimal_reader(
 ) -> float:
     """Wall seconds of ``argv`` with stdout drained by a minimal epoll reader keeping a
     ``tail_bytes`` ring (a benchmark floor; stdin and stderr are /dev/null)."""
+def bench_session_spawn(program: bytes, argv: list[bytes], env: Env) -> float:
+    """Wall seconds of ``program`` spawned by glibc ``posix_spawn`` as a session leader with
+    piped stdio, stdout and stderr drained with ``poll`` to EOF, then reaped: the floor of a
+    call with shellseam's contract, minus shellseam (a benchmark diagnostic)."""

@@ -1,10 +1,13 @@
-//! `_core.bench_minimal_reader`: the drain floor the benchmark shows beside shellseam.
+//! `_core.bench_minimal_reader` and `_core.bench_session_spawn`: the floors the benchmark
+//! shows beside shellseam.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::env::Env;
 use crate::errors::CoreError;
-use crate::floor::minimal_reader;
+use crate::floor::{minimal_reader, session_spawn};
+use super::cstring;
 
 /// Runs `argv` with its stdout drained by the least a userspace reader can do (epoll,
 /// non-blocking reads of `buf_bytes`, the last `tail_bytes` kept in a ring) and returns
@@ -24,4 +27,27 @@ pub fn bench_minimal_reader(
         .detach(move || minimal_reader(&argv, buf_bytes, tail_bytes))
         .map_err(CoreError::Io)?;
     Ok(run.elapsed.as_secs_f64())
+}
+
+/// Spawns `program` as a session leader with stdin, stdout and stderr on pipes (glibc
+/// `posix_spawn`), drains stdout and stderr with `poll` to EOF, reaps it and returns the
+/// wall time in seconds: the floor of a call with shellseam's contract, minus shellseam
+/// (no cgroup, no supervisor, no Python). A benchmark diagnostic (GIL released).
+#[pyfunction]
+pub fn bench_session_spawn(
+    py: Python<'_>,
+    program: Vec<u8>,
+    argv: Vec<Vec<u8>>,
+    env: &Env,
+) -> PyResult<f64> {
+    let program = cstring(program, "program")?;
+    let argv = argv
+        .into_iter()
+        .map(|a| cstring(a, "argv"))
+        .collect::<PyResult<Vec<_>>>()?;
+    let envp = env.envp.clone();
+    let took = py
+        .detach(move || session_spawn(&program, &argv, &envp))
+        .map_err(CoreError::Io)?;
+    Ok(took.as_secs_f64())
 }

@@ -88,13 +88,17 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
                     lambda: subprocess.run(TRUE_ARGV, env=h.env, capture_output=True, check=True)
                 ),
                 "core": timed(core_only),
+                "session": lambda: shellseam._core.bench_session_spawn(
+                    BASH.encode(), argv, env_block
+                ),
             },
             cfg.sequential_reps,
         )
     finally:
         core.dispose()
-    ours, floor, sub, native = (
-        median(samples[k]) * 1e3 for k in ("shellseam", "floor", "subprocess", "core")
+    ours, floor, sub, native, session = (
+        median(samples[k]) * 1e3
+        for k in ("shellseam", "floor", "subprocess", "core", "session")
     )
     return [
         ratio_row(name, "run_sync vs posix_spawn+waitpid floor", ours, floor, "ms", 1.10),
@@ -109,6 +113,15 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
             "ms",
             None,
             note=f"Python layer: {(ours - native) * 1e3:+.0f} us",
+        ),
+        ratio_row(
+            name,
+            "native session+pipes+poll vs floor (diagnostic)",
+            session,
+            floor,
+            "ms",
+            None,
+            note="the contract's floor: a session leader, stdio on pipes, drained",
         ),
     ]
 
