@@ -27,6 +27,7 @@ pub mod spill;
 pub mod supervisor;
 mod sys;
 pub mod utf8;
+pub mod verdict;
 
 #[cfg(feature = "python")]
 mod bindings;

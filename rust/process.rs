@@ -12,6 +12,7 @@ use crate::pipes::{OutStream, StdinFeed};
 use crate::spawn::Spawned;
 use crate::supervisor::Shared;
 use crate::sys::{lock, poll_readable};
+use crate::verdict::Verdict;
 
 /// Per-process limits and input.
 pub struct ProcConfig {
@@ -69,6 +70,8 @@ pub(crate) struct ProcState {
     pub subscribers: Vec<Arc<Notifier>>,
     pub grace: Duration,
     pub contain: CallContainment,
+    /// The call's limits, for its verdict (see `verdict.rs`).
+    pub limits: CallLimits,
     /// A caller blocked in `wait` polls the pipes and pidfd itself (supervisor/handover.rs).
     pub caller_driven: bool,
     /// A bulk producer: waiting callers leave the draining to the supervisor.
@@ -120,6 +123,7 @@ impl Proc {
                 subscribers: Vec::new(),
                 grace: cfg.grace,
                 contain,
+                limits: cfg.limits,
                 caller_driven: false,
                 bulk_output: false,
             }),
@@ -273,6 +277,21 @@ impl Proc {
     pub fn resources(&self) -> Option<Resources> {
         let st = lock(&self.state);
         (st.phase == Phase::Done).then(|| st.contain.resources())
+    }
+
+    /// The resource verdict of the settled call, or None while it runs.
+    pub fn verdict(&self) -> Option<(Resources, Verdict)> {
+        let outcome = self.outcome()?;
+        let st = lock(&self.state);
+        let resources = st.contain.resources();
+        // Only a CPU or file-size limit reads the stderr tail (bash's message about a job).
+        let tail = if st.limits.cpu_ms.is_some() || st.limits.file_size_bytes.is_some() {
+            String::from_utf8_lossy(&st.stderr.collector.tail_bytes()).into_owned()
+        } else {
+            String::new()
+        };
+        let verdict = crate::verdict::verdict(&st.limits, &resources, &outcome, &tail);
+        Some((resources, verdict))
     }
 
     pub fn collected(&self) -> (Collected, Collected) {

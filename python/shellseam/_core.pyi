@@ -3,6 +3,8 @@
 from os import PathLike
 from typing import final
 
+from .types import CollectedOutput, ResourceLimits, ShellResources, ShellRunResult
+
 __all__ = [
     "CallLimits",
     "Collected",
@@ -195,6 +197,16 @@ class Proc:
         """Consuming read of both streams: (stdout, stderr)."""
     def resources(self) -> Resources | None:
         """Containment facts, or None while running."""
+    def shell_resources(self, limits: ResourceLimits) -> ShellResources | None:
+        """The call's ``ShellResources`` (``limits``: its limits), or None while running."""
+    def shell_result(
+        self, *, timed_out: bool, aborted: bool, timeout_ms: int, limits: ResourceLimits
+    ) -> ShellRunResult | None:
+        """The ``ShellRunResult`` of the settled process, or None while running."""
+    def run_result(
+        self, timeout: float | None, *, timeout_ms: int, limits: ResourceLimits
+    ) -> ShellRunResult:
+        """Waits up to ``timeout``, then kills and waits for the end; the result."""
 
 @final
 class Collector:
@@ -356,7 +368,15 @@ def bench_minimal_reader(
 ) -> float:
     """Wall seconds of ``argv`` with stdout drained by a minimal epoll reader keeping a
     ``tail_bytes`` ring (a benchmark floor; stdin and stderr are /dev/null)."""
+
 def bench_session_spawn(program: bytes, argv: list[bytes], env: Env) -> float:
     """Wall seconds of ``program`` spawned by glibc ``posix_spawn`` as a session leader with
     piped stdio, stdout and stderr drained with ``poll`` to EOF, then reaped: the floor of a
     call with shellseam's contract, minus shellseam (a benchmark diagnostic)."""
+def register_result_types(
+    collected: type[CollectedOutput],
+    resources: type[ShellResources],
+    run_result: type[ShellRunResult],
+    signal_names: dict[int, str],
+) -> None:
+    """The record classes the core builds results of, and the names of signals."""

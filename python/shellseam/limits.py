@@ -7,13 +7,12 @@ them (field-wise minimum). Their validation lives with the seam's other checks
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
 from .checks import LIMIT_FIELDS
-from .service import NativeResources, host_containment
-from .types import LimitEnforcement, LimitName, ResourceLimits, ShellResources
+from .service import host_containment
+from .types import ResourceLimits
 
 Enforcement = Literal["tree", "process", "unavailable"]
 
@@ -49,99 +48,6 @@ def containment_facts() -> dict[str, object]:
         "limits": per_limit,
         "reason": facts.reason,
     }
-
-
-_WHOLE_CALL = (
-    ("memory_bytes", "tree_memory"),
-    ("max_processes", "tree_processes"),
-    ("cpu_ms", "tree_cpu"),
-)
-#: How bash reports a job killed by SIGXFSZ / SIGXCPU (and the 128+n exit statuses).
-_XFSZ_TEXT, _XCPU_TEXT = "File size limit exceeded", "CPU time limit exceeded"
-_XFSZ, _XCPU, _SIGKILL = 25, 24, 9
-
-
-def _enforcement(limits: ResourceLimits, raw: NativeResources | None) -> LimitEnforcement | None:
-    asked = [name for name in LIMIT_FIELDS if getattr(limits, name) is not None]
-    if not asked:
-        return None
-    for name, tree in _WHOLE_CALL:
-        if getattr(limits, name) is not None and not (raw is not None and getattr(raw, tree)):
-            return "process"
-    whole_call = {name for name, _ in _WHOLE_CALL}
-    return "tree" if any(name in whole_call for name in asked) else "process"
-
-
-#: ``_enforcement`` of recent (limits, controllers) pairs, by the limits object's identity
-#: (it is held in the entry, so its id cannot be reused meanwhile): a call's limits are
-#: almost always its executor's, and the answer is the same for every call.
-_ENFORCEMENT: dict[tuple[int, bool, bool, bool], tuple[ResourceLimits, LimitEnforcement | None]]
-_ENFORCEMENT = {}
-
-
-def _enforcement_of(limits: ResourceLimits, raw: NativeResources | None) -> LimitEnforcement | None:
-    key = (
-        id(limits),
-        raw is not None and raw.tree_memory,
-        raw is not None and raw.tree_processes,
-        raw is not None and raw.tree_cpu,
-    )
-    hit = _ENFORCEMENT.get(key)
-    if hit is not None and hit[0] is limits:
-        return hit[1]
-    if len(_ENFORCEMENT) >= 256:
-        _ENFORCEMENT.clear()
-    answer = _enforcement(limits, raw)
-    _ENFORCEMENT[key] = (limits, answer)
-    return answer
-
-
-def _killed_by(
-    signum: int | None, exit_code: int | None, stderr_tail: str, sig: int, text: str
-) -> bool:
-    return signum == sig or exit_code == 128 + sig or text in stderr_tail
-
-
-def build_resources(
-    limits: ResourceLimits,
-    raw: NativeResources | None,
-    *,
-    exit_code: int | None,
-    signum: int | None,
-    stderr_tail: Callable[[], str],
-    rusage_cpu_ms: Callable[[], float],
-) -> ShellResources:
-    """The ``ShellResources`` of a settled call from the core's facts and its status.
-
-    The core knows the cgroup's verdicts (OOM kill, refused forks, CPU kill); a file-size
-    hit, and a CPU hit under a per-process rlimit, are read from how the command ended
-    (the signal, bash's 128+n status, or bash's message about a killed job). The stderr
-    tail and the leader's CPU time are asked for only when needed.
-    """
-    exceeded: LimitName | None = None
-    tree_cpu = raw is not None and raw.tree_cpu
-    if raw is not None and raw.limit_exceeded is not None:
-        exceeded = raw.limit_exceeded  # type: ignore[assignment]
-    elif limits.cpu_ms is not None and not tree_cpu:
-        # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (one second on).
-        killed_over = signum == _SIGKILL and rusage_cpu_ms() >= limits.cpu_ms
-        if killed_over or _killed_by(signum, exit_code, stderr_tail(), _XCPU, _XCPU_TEXT):
-            exceeded = "cpu"
-    if (
-        exceeded is None
-        and limits.file_size_bytes is not None
-        and _killed_by(signum, exit_code, stderr_tail(), _XFSZ, _XFSZ_TEXT)
-    ):
-        exceeded = "file_size"
-    cpu_ms = raw.cpu_ms if raw is not None and raw.cpu_ms is not None else rusage_cpu_ms()
-    return ShellResources(
-        containment="cgroup" if raw is not None and raw.cgroup else "session",
-        enforcement=_enforcement_of(limits, raw),
-        limits=limits,
-        limit_exceeded=exceeded,
-        peak_memory_bytes=raw.peak_memory_bytes if raw is not None else None,
-        cpu_ms=cpu_ms,
-    )
 
 
 def containment_report() -> list[str]:

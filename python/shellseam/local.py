@@ -37,20 +37,17 @@ from .checks import (
 from .deadline import Cause, Deadline
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
-from .limits import build_resources, tighten
-from .process import ShellProcess, signal_name
+from .limits import tighten
+from .process import ShellProcess
 from .service import (
     ChildEnv,
-    Collected,
     EnvBuilder,
-    Finished,
     ManagedProcess,
     Ruleset,
     SubprocessService,
     default_service,
 )
 from .types import (
-    CollectedOutput,
     ResourceLimits,
     SandboxMode,
     SandboxPolicy,
@@ -218,32 +215,9 @@ def _pairs(env: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[tuple[byt
     return [(os.fsencode(k), os.fsencode(v)) for k, v in items]
 
 
-def _collected(c: Collected) -> CollectedOutput:
-    return CollectedOutput(c.text, c.truncated, c.spill_path, c.total_bytes, c.spill_truncated)
-
-
-def _resources(
-    spec: ShellExecSpec, proc: ManagedProcess, finished: Finished | None = None
-) -> ShellResources | None:
+def _resources(spec: ShellExecSpec, proc: ManagedProcess) -> ShellResources | None:
     """The resources of a settled process (None while it runs)."""
-    finished = finished or proc.result()
-    if finished is None:
-        return None
-    outcome = finished.outcome
-    done = finished
-
-    def rusage_cpu_ms() -> float:
-        rusage = outcome.rusage
-        return rusage.user_cpu_ms + rusage.system_cpu_ms
-
-    return build_resources(
-        spec.limits,
-        proc.resources(),
-        exit_code=outcome.exit_code,
-        signum=outcome.signal,
-        stderr_tail=lambda: done.stderr.text,
-        rusage_cpu_ms=rusage_cpu_ms,
-    )
+    return proc.shell_resources(spec.limits)
 
 
 class LocalShellExecutor(ShellExecutor):
@@ -442,27 +416,15 @@ class LocalShellExecutor(ShellExecutor):
                 os.close(script_fd)
         return proc, conf
 
-    def _result(
-        self, spec: ShellExecSpec, proc: ManagedProcess, finished: Finished, cause: Cause | None
-    ) -> ShellRunResult:
-        outcome = finished.outcome
-        stdout = _collected(finished.stdout)
-        stderr = _collected(finished.stderr)
-        signum = outcome.signal
-        return ShellRunResult(
-            exit_code=outcome.exit_code,
-            signal=None if signum is None else signal_name(signum),
-            timed_out=cause == "timeout",
-            aborted=cause == "abort",
-            timeout_ms=spec.timeout_ms,
-            stdout=stdout,
-            stderr=stderr,
-            duration_ms=outcome.duration_ms,
-            leftover_killed=outcome.leftover_killed,
-            sandbox=self._sandbox_info(spec, outcome.exit_code, stdout.text, stderr.text),
-            resources=_resources(spec, proc, finished),
-            exit_status_unknown=outcome.exit_status_unknown,
-        )
+    def _result(self, spec: ShellExecSpec, result: ShellRunResult | None) -> ShellRunResult:
+        """Completes a settled process's native result with the sandbox facts."""
+        assert result is not None, "a settled process has a result"
+        info = self._sandbox_info(spec, result.exit_code, result.stdout.text, result.stderr.text)
+        if info is not None:
+            # The record is new and not yet seen by anyone: filling in its one field the
+            # core leaves to the executor is part of building it.
+            object.__setattr__(result, "sandbox", info)
+        return result
 
     def _aborted_before_start(self, spec: ShellExecSpec) -> ShellRunResult:
         if self.service.disposed:
@@ -477,30 +439,42 @@ class LocalShellExecutor(ShellExecutor):
         if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
         proc, conf = self._spawn(spec, spec.stdout_max_bytes)
-        # The hot path: one native call waits and hands back the result; the deadline and
-        # its abort listener exist only when there is a signal to listen to or a timeout.
-        deadline = remove = None
-        if signal is not None:
-            deadline = Deadline(proc.kill)
-            remove = signal.add_listener(deadline.on_abort)
+        result: ShellRunResult | None
         try:
-            finished = proc.wait_result(spec.timeout_ms / 1000)
-            if finished is None:
-                deadline = deadline or Deadline(proc.kill)
-                deadline.on_timeout()
-                finished = proc.wait_result(None)
+            if signal is None:
+                # The hot path: one native call waits, kills on the timeout and builds the
+                # result records.
+                result = proc.run_result(
+                    spec.timeout_ms / 1000, timeout_ms=spec.timeout_ms, limits=spec.limits
+                )
+            else:
+                deadline = Deadline(proc.kill)
+                remove = signal.add_listener(deadline.on_abort)
+                try:
+                    if not proc.wait(spec.timeout_ms / 1000):
+                        deadline.on_timeout()
+                        proc.wait(None)
+                finally:
+                    remove()
+                result = self._settled(spec, proc, deadline.cause)
         except BaseException:
             # KeyboardInterrupt while waiting: nothing may be left running.
             proc.kill()
             proc.wait(None)
             raise
         finally:
-            if remove is not None:
-                remove()
             conf.settle()
-        assert finished is not None, "an unbounded wait returns the result"
-        cause = None if deadline is None else deadline.cause
-        return self._result(spec, proc, finished, cause)
+        return self._result(spec, result)
+
+    def _settled(
+        self, spec: ShellExecSpec, proc: ManagedProcess, cause: Cause | None
+    ) -> ShellRunResult | None:
+        return proc.shell_result(
+            timed_out=cause == "timeout",
+            aborted=cause == "abort",
+            timeout_ms=spec.timeout_ms,
+            limits=spec.limits,
+        )
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
@@ -523,9 +497,7 @@ class LocalShellExecutor(ShellExecutor):
                 raise
             finally:
                 conf.settle()
-        finished = proc.result()
-        assert finished is not None, "a settled process has a result"
-        return self._result(spec, proc, finished, deadline.cause)
+        return self._result(spec, self._settled(spec, proc, deadline.cause))
 
     # -- background --------------------------------------------------------------------
 

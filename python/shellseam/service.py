@@ -18,6 +18,7 @@ import atexit
 import concurrent.futures
 import logging
 import os
+import signal
 import stat
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from typing import TypeAlias, TypeVar, cast
 from . import _core
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_bool, config_int, config_path
 from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
-from .types import ResourceLimits
+from .types import CollectedOutput, ResourceLimits, ShellResources, ShellRunResult
 
 _log = logging.getLogger("shellseam")
 _T = TypeVar("_T")
@@ -82,6 +83,15 @@ def _keeper_command() -> tuple[bytes, list[bytes]] | None:
     argv = [executable, "-I", "-S", "-c", _KEEPER_BOOTSTRAP, library]
     return os.fsencode(executable), [os.fsencode(a) for a in argv]
 
+
+# The core builds the result records of settled calls itself (one native call per
+# foreground run); signals are named as ``signal.Signals`` names them.
+_core.register_result_types(
+    CollectedOutput,
+    ShellResources,
+    ShellRunResult,
+    {int(sig): sig.name for sig in signal.Signals},
+)
 
 #: The core record of the limits converted last (a call's limits are almost always its
 #: executor's: the same object every call).
@@ -224,6 +234,26 @@ class ManagedProcess:
     def resources(self) -> NativeResources | None:
         """Containment facts of the settled process, or None while running."""
         return self._proc.resources()
+
+    def shell_resources(self, limits: ResourceLimits) -> ShellResources | None:
+        """The call's ``ShellResources`` (``limits``: its limits), or None while running."""
+        return self._proc.shell_resources(limits)
+
+    def shell_result(
+        self, *, timed_out: bool, aborted: bool, timeout_ms: int, limits: ResourceLimits
+    ) -> ShellRunResult | None:
+        """The ``ShellRunResult`` of the settled process (``sandbox`` None), or None while
+        running."""
+        return self._proc.shell_result(
+            timed_out=timed_out, aborted=aborted, timeout_ms=timeout_ms, limits=limits
+        )
+
+    def run_result(
+        self, timeout: float | None, *, timeout_ms: int, limits: ResourceLimits
+    ) -> ShellRunResult:
+        """A foreground run's wait in one native call: up to ``timeout`` seconds, then the
+        kill and the wait for the end; the result, ``timed_out`` when the timeout fired."""
+        return self._proc.run_result(timeout, timeout_ms=timeout_ms, limits=limits)
 
 
 class _LoopWaiters:

@@ -9,6 +9,7 @@ mod floor;
 mod notifier;
 mod proc;
 mod records;
+mod results;
 mod ruleset;
 mod supervisor;
 
@@ -159,6 +160,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ruleset::landlock_fs_rights, m)?)?;
     m.add_function(wrap_pyfunction!(floor::bench_minimal_reader, m)?)?;
     m.add_function(wrap_pyfunction!(floor::bench_session_spawn, m)?)?;
+    m.add_function(wrap_pyfunction!(results::register_result_types, m)?)?;
     m.add_class::<records::Rusage>()?;
     m.add_class::<records::Outcome>()?;
     m.add_class::<records::Collected>()?;

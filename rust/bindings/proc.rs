@@ -4,9 +4,12 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+use pyo3::exceptions::PyRuntimeError;
+
 use super::contain::Resources;
 use super::notifier::Notifier;
 use super::records::{Collected, Finished, Outcome, ReadDelta};
+use super::results;
 use super::wait_with_signals;
 use crate::process::Proc as CoreProc;
 
@@ -80,6 +83,58 @@ impl Proc {
     /// Containment facts, or None while running.
     fn resources(&self) -> Option<Resources> {
         self.inner.resources().map(Resources::from)
+    }
+
+    /// The call's `ShellResources` (`limits`: its `ResourceLimits`), or None while running.
+    fn shell_resources<'py>(
+        &self,
+        py: Python<'py>,
+        limits: Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        results::shell_resources(py, &self.inner, &limits)
+    }
+
+    /// The `ShellRunResult` of the settled process, or None while running.
+    #[pyo3(signature = (*, timed_out, aborted, timeout_ms, limits))]
+    fn shell_result<'py>(
+        &self,
+        py: Python<'py>,
+        timed_out: bool,
+        aborted: bool,
+        timeout_ms: u64,
+        limits: Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let ending = results::Ending {
+            timed_out,
+            aborted,
+            timeout_ms,
+        };
+        results::shell_result(py, &self.inner, ending, &limits)
+    }
+
+    /// A foreground run's whole wait in one call: waits up to `timeout` seconds; when they
+    /// pass, kills the group (SIGTERM, SIGKILL after the grace) and waits for the end. Then
+    /// the `ShellRunResult`, `timed_out` when the timeout fired.
+    #[pyo3(signature = (timeout, *, timeout_ms, limits))]
+    fn run_result<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+        timeout_ms: u64,
+        limits: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timed_out = !self.wait(py, timeout)?;
+        if timed_out {
+            self.kill(py);
+            self.wait(py, None)?;
+        }
+        let ending = results::Ending {
+            timed_out,
+            aborted: false,
+            timeout_ms,
+        };
+        results::shell_result(py, &self.inner, ending, &limits)?
+            .ok_or_else(|| PyRuntimeError::new_err("an unbounded wait returns settled"))
     }
 
     /// Both streams as collected so far: (stdout, stderr).

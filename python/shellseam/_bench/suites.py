@@ -97,8 +97,7 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
     finally:
         core.dispose()
     ours, floor, sub, native, session = (
-        median(samples[k]) * 1e3
-        for k in ("shellseam", "floor", "subprocess", "core", "session")
+        median(samples[k]) * 1e3 for k in ("shellseam", "floor", "subprocess", "core", "session")
     )
     return [
         ratio_row(name, "run_sync vs posix_spawn+waitpid floor", ours, floor, "ms", 1.10),
