@@ -160,6 +160,99 @@ fn metadata_writes() -> Vec<i64> {
     nrs
 }
 
+/// What the filter does with one syscall number it singles out (every other number under
+/// `FIRST_UNKNOWN_SYSCALL` is allowed). Each action is a block of instructions that ends in
+/// a return; register A holds the syscall number when it starts.
+fn action(nr: i64, policy: FilterPolicy) -> Vec<libc::sock_filter> {
+    if nr == libc::SYS_clone3 {
+        // clone3 passes its flags in memory a filter cannot read: make libc fall back to
+        // clone, whose flags are an argument.
+        return vec![stmt(BPF_RET_K, errno(libc::ENOSYS))];
+    }
+    if nr == libc::SYS_clone {
+        // clone(flags, ...): refuse the flags above.
+        return vec![
+            stmt(BPF_LD_W_ABS, off_arg_low(0)),
+            jump(BPF_JSET_K, REFUSED_CLONE_FLAGS, 1, 0),
+            stmt(BPF_RET_K, RET_ALLOW),
+            stmt(BPF_RET_K, errno(libc::EPERM)),
+        ];
+    }
+    if nr == libc::SYS_socketpair && policy.deny_sockets {
+        // socketpair(domain, type, ...): a stream pair only.
+        return vec![
+            stmt(BPF_LD_W_ABS, off_arg_low(1)),
+            stmt(BPF_AND_K, SOCK_TYPE_MASK),
+            jump(BPF_JEQ_K, libc::SOCK_STREAM as u32, 0, 1),
+            stmt(BPF_RET_K, RET_ALLOW),
+            stmt(BPF_RET_K, errno(libc::EPERM)),
+        ];
+    }
+    if nr == libc::SYS_ioctl {
+        // ioctl(fd, cmd, ...): the kernel truncates cmd to 32 bits, so comparing the low
+        // word is exact.
+        let mut cmds = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+        if policy.read_only {
+            cmds.extend(METADATA_IOCTLS);
+        }
+        let n = cmds.len() as u8;
+        let mut block = vec![stmt(BPF_LD_W_ABS, off_arg_low(1))];
+        for (i, cmd) in cmds.iter().enumerate() {
+            // Jump to the EPERM return, which follows the ALLOW after the last comparison.
+            block.push(jump(BPF_JEQ_K, *cmd, n - i as u8, 0));
+        }
+        block.push(stmt(BPF_RET_K, RET_ALLOW));
+        block.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+        return block;
+    }
+    vec![stmt(BPF_RET_K, errno(libc::EPERM))]
+}
+
+/// The syscall numbers `policy` singles out, sorted, each with its action.
+fn singled_out(policy: FilterPolicy) -> Vec<(u32, Vec<libc::sock_filter>)> {
+    let mut nrs = always_denied();
+    if policy.read_only {
+        nrs.extend(metadata_writes());
+    }
+    if policy.deny_sockets {
+        nrs.extend([libc::SYS_socket, libc::SYS_socketpair]);
+    }
+    nrs.extend([libc::SYS_clone3, libc::SYS_clone, libc::SYS_ioctl]);
+    nrs.sort_unstable();
+    nrs.dedup();
+    nrs.into_iter()
+        .map(|nr| (nr as u32, action(nr, policy)))
+        .collect()
+}
+
+/// A balanced decision tree over `cases` (sorted by number), register A holding the
+/// syscall number: `JGE` comparisons down to one case, then its `JEQ` and action, else
+/// ALLOW. The kernel emulates a new filter for every syscall number to find those it always
+/// allows (`seccomp_cache_prepare`), so the install costs the summed path lengths: a tree
+/// takes ~7 steps per number where a linear list of comparisons took ~40 (~100 us per
+/// spawn measured here, against ~30 us).
+fn tree(cases: &[(u32, Vec<libc::sock_filter>)]) -> Vec<libc::sock_filter> {
+    match cases {
+        [] => vec![stmt(BPF_RET_K, RET_ALLOW)],
+        [(nr, block)] => {
+            let mut out = vec![jump(BPF_JEQ_K, *nr, 0, block.len() as u8)];
+            out.extend_from_slice(block);
+            out.push(stmt(BPF_RET_K, RET_ALLOW));
+            out
+        }
+        _ => {
+            let (low, high) = cases.split_at(cases.len() / 2);
+            let left = tree(low);
+            // Jumps are relative and forward, at most 255 instructions: the left subtree of
+            // a filter this size is far shorter (checked by the tests).
+            let mut out = vec![jump(BPF_JGE_K, high[0].0, left.len() as u8, 0)];
+            out.extend(left);
+            out.extend(tree(high));
+            out
+        }
+    }
+}
+
 /// The filter program for `policy`, ready for `seccomp(SECCOMP_SET_MODE_FILTER)`.
 pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
     let mut p = vec![
@@ -176,52 +269,7 @@ pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
     }
     p.push(jump(BPF_JGE_K, FIRST_UNKNOWN_SYSCALL, 0, 1));
     p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
-    let mut denied = always_denied();
-    if policy.read_only {
-        denied.extend(metadata_writes());
-    }
-    if policy.deny_sockets {
-        denied.push(libc::SYS_socket);
-    }
-    for nr in denied {
-        p.push(jump(BPF_JEQ_K, nr as u32, 0, 1));
-        p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
-    }
-    if policy.deny_sockets {
-        // socketpair(domain, type, ...): a stream pair only (A still holds the number when
-        // skipped).
-        p.push(jump(BPF_JEQ_K, libc::SYS_socketpair as u32, 0, 5));
-        p.push(stmt(BPF_LD_W_ABS, off_arg_low(1)));
-        p.push(stmt(BPF_AND_K, SOCK_TYPE_MASK));
-        p.push(jump(BPF_JEQ_K, libc::SOCK_STREAM as u32, 0, 1));
-        p.push(stmt(BPF_RET_K, RET_ALLOW));
-        p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
-    }
-    // clone3 passes its flags in memory a filter cannot read: make libc fall back to clone.
-    p.push(jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 1));
-    p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
-    // clone(flags, ...): refuse the flags above (A still holds the number when skipped).
-    p.push(jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 4));
-    p.push(stmt(BPF_LD_W_ABS, off_arg_low(0)));
-    p.push(jump(BPF_JSET_K, REFUSED_CLONE_FLAGS, 1, 0));
-    p.push(stmt(BPF_RET_K, RET_ALLOW));
-    p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
-    // ioctl(fd, cmd, ...): the kernel truncates cmd to 32 bits, so comparing the low word
-    // is exact.
-    let mut cmds = vec![libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
-    if policy.read_only {
-        cmds.extend(METADATA_IOCTLS);
-    }
-    let n = cmds.len() as u8;
-    p.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, n + 3));
-    p.push(stmt(BPF_LD_W_ABS, off_arg_low(1)));
-    for (i, cmd) in cmds.iter().enumerate() {
-        // Jump to the EPERM return, which follows the ALLOW after the last comparison.
-        p.push(jump(BPF_JEQ_K, *cmd, n - i as u8, 0));
-    }
-    p.push(stmt(BPF_RET_K, RET_ALLOW));
-    p.push(stmt(BPF_RET_K, errno(libc::EPERM)));
-    p.push(stmt(BPF_RET_K, RET_ALLOW));
+    p.extend(tree(&singled_out(policy)));
     p
 }
 
@@ -231,9 +279,16 @@ mod tests {
 
     /// A tiny interpreter for the subset of classic BPF the filter uses.
     fn run(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u32; 2]) -> u32 {
+        run_counted(prog, arch, nr, args).0
+    }
+
+    /// `run`, and the number of instructions it took.
+    fn run_counted(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u32; 2]) -> (u32, usize) {
         let mut acc = 0u32;
         let mut pc = 0usize;
+        let mut steps = 0usize;
         loop {
+            steps += 1;
             let ins = prog[pc];
             match ins.code {
                 BPF_LD_W_ABS => {
@@ -246,7 +301,7 @@ mod tests {
                     };
                     pc += 1;
                 }
-                BPF_RET_K => return ins.k,
+                BPF_RET_K => return (ins.k, steps),
                 BPF_AND_K => {
                     acc &= ins.k;
                     pc += 1;
@@ -265,6 +320,45 @@ mod tests {
     }
 
     const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+
+    #[test]
+    fn every_known_number_is_decided_as_listed_in_a_few_steps() {
+        for (read_only, deny_sockets) in
+            [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let policy = FilterPolicy {
+                read_only,
+                deny_sockets,
+            };
+            let prog = build(policy);
+            let mut denied = always_denied();
+            if read_only {
+                denied.extend(metadata_writes());
+            }
+            if deny_sockets {
+                denied.extend([libc::SYS_socket, libc::SYS_socketpair]); // type 0: not a stream
+            }
+            let mut longest = 0;
+            for nr in 0..FIRST_UNKNOWN_SYSCALL {
+                let expected = if denied.contains(&(nr as i64)) {
+                    EPERM
+                } else if nr as i64 == libc::SYS_clone3 {
+                    RET_ERRNO | libc::ENOSYS as u32
+                } else {
+                    RET_ALLOW
+                };
+                let (got, steps) = run_counted(&prog, AUDIT_ARCH, nr, [0, 0]);
+                assert_eq!(got, expected, "nr {nr} under {policy:?}");
+                let ordinary = !singled_out(policy).iter().any(|(n, _)| *n == nr);
+                if ordinary {
+                    longest = longest.max(steps);
+                }
+            }
+            // The kernel emulates the filter for every number at install: keep paths short
+            // (header, ~log2 of the singled-out numbers, a comparison, the return).
+            assert!(longest <= 14, "{longest} steps under {policy:?}");
+        }
+    }
 
     #[test]
     fn read_only_refuses_metadata_writes_and_nothing_ordinary() {
