@@ -50,7 +50,9 @@ pub(crate) struct ChildConfinement {
 }
 
 impl ChildConfinement {
-    pub(crate) fn from_plan(confinement: Option<&Confinement>) -> Self {
+    /// `bounding_set_cleared`: the spawning thread already dropped the bounding set and
+    /// locked the securebits (see `spawner.rs`), so the child inherits them.
+    pub(crate) fn from_plan(confinement: Option<&Confinement>, bounding_set_cleared: bool) -> Self {
         let mut c = Self {
             active: false,
             privileged: false,
@@ -68,7 +70,7 @@ impl ChildConfinement {
         };
         if let Some(conf) = confinement {
             c.active = true;
-            c.privileged = conf.caps.can_setpcap;
+            c.privileged = conf.caps.can_setpcap && !bounding_set_cleared;
             c.last_cap = conf.caps.last_cap;
             c.landlock_fd = conf.landlock_fd();
             c.filter = conf.filter_prog();

@@ -185,7 +185,10 @@ mod tests {
     fn session_spawn_runs_a_session_leader_to_the_end() {
         let c = |s: &str| CString::new(s).unwrap();
         let marker = std::env::temp_dir().join(format!("shellseam-floor-{}", std::process::id()));
-        let script = format!("[ \"$(ps -o sid= -p $$)\" -eq $$ ] && echo ok > {}", marker.display());
+        let script = format!(
+            "[ \"$(ps -o sid= -p $$)\" -eq $$ ] && echo ok > {}",
+            marker.display()
+        );
         let took = session_spawn(
             &c("/bin/sh"),
             &[c("sh"), c("-c"), c(&script)],

@@ -133,6 +133,7 @@ impl Keeper {
             cgroup: None,
             join_cgroups: Vec::new(),
             rlimits: Vec::new(),
+            bounding_set_cleared: false,
         };
         let child = spawn(&plan).map_err(|e| io::Error::from_raw_os_error(e.errno))?;
         // Its stdout and stderr are not read: writes there fail with EPIPE (ignored).
@@ -240,6 +241,7 @@ mod tests {
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds().expect("tasks files"),
             rlimits: Vec::new(),
+            bounding_set_cleared: false,
         };
         let child = spawn(&plan).expect("spawn");
         let mut d = Duties::default();

@@ -42,6 +42,27 @@ pub struct SpawnPlan {
     pub join_cgroups: Vec<RawFd>,
     /// `(resource, soft, hard)`.
     pub rlimits: Vec<(u32, u64, u64)>,
+    /// The spawning thread's bounding set is already empty and its securebits locked (the
+    /// confined spawner, see `spawner.rs`): the child inherits both instead of dropping.
+    pub bounding_set_cleared: bool,
+}
+
+impl SpawnPlan {
+    /// What is left of a plan handed to another thread (nothing: it is not used again).
+    pub(crate) fn handed_over() -> Self {
+        Self {
+            program: CString::default(),
+            argv: Vec::new(),
+            envp: std::sync::Arc::default(),
+            cwd: CString::default(),
+            confinement: None,
+            script: None,
+            cgroup: None,
+            join_cgroups: Vec::new(),
+            rlimits: Vec::new(),
+            bounding_set_cleared: false,
+        }
+    }
 }
 
 /// The parent's ends of the child's stdio pipes.
@@ -155,7 +176,10 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         report: AtomicU64::new(0),
         max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
         script_fd: plan.script.unwrap_or(-1),
-        confine: ChildConfinement::from_plan(plan.confinement.as_deref()),
+        confine: ChildConfinement::from_plan(
+            plan.confinement.as_deref(),
+            plan.bounding_set_cleared,
+        ),
         contain: ChildContain::new(&plan.join_cgroups, &plan.rlimits),
     };
     let mut args = args;

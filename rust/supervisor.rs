@@ -26,7 +26,8 @@ use crate::keeper::Keeper;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::{Drain, READ_CHUNK};
 use crate::process::{Proc, ProcConfig};
-use crate::spawn::{spawn, SpawnPlan};
+use crate::spawn::{spawn, SpawnPlan, Spawned};
+use crate::spawner::ConfinedSpawner;
 use crate::spill::SpillDir;
 use crate::sys::{
     block_signals_in_this_thread, epoll_add, epoll_create, epoll_del, epoll_event_buffer,
@@ -75,6 +76,9 @@ pub(crate) struct Shared {
     keeper: Mutex<KeeperSlot>,
     /// Settled calls whose orphans a subreaper harness may still have to reap.
     adopted: Mutex<Adopted>,
+    /// The thread that spawns confined children of a privileged harness (see
+    /// `spawner.rs`), started on the first such spawn; None: it could not be started.
+    confined_spawner: OnceLock<Option<ConfinedSpawner>>,
 }
 
 /// A subprocess service: the supervisor thread plus every process it owns.
@@ -152,6 +156,7 @@ impl Service {
                 releases: Mutex::new(Vec::new()),
                 keeper: Mutex::new(KeeperSlot::default()),
                 adopted: Mutex::new(Adopted::default()),
+                confined_spawner: OnceLock::new(),
             }),
             thread: Mutex::new(None),
         })
@@ -237,7 +242,7 @@ impl Service {
         plan.rlimits = rlimits;
         let child = match joins.and_then(|joins| {
             plan.join_cgroups = joins.unwrap_or_default();
-            spawn(plan)
+            self.spawn_child(plan)
         }) {
             Ok(child) => child,
             Err(err) => {
@@ -296,6 +301,23 @@ impl Service {
             return Err(SpawnError::from_io(SpawnStage::Supervise, &err).into());
         }
         Ok(proc)
+    }
+
+    /// Spawns `plan` here, or a confined child of a privileged harness on the confined
+    /// spawner (so that it inherits an empty bounding set instead of clearing it).
+    fn spawn_child(&self, plan: &mut SpawnPlan) -> Result<Spawned, SpawnError> {
+        let last_cap = match &plan.confinement {
+            Some(conf) if conf.caps.can_setpcap => conf.caps.last_cap,
+            _ => return spawn(plan),
+        };
+        let spawner = self
+            .shared
+            .confined_spawner
+            .get_or_init(|| ConfinedSpawner::start(last_cap));
+        match spawner {
+            Some(spawner) => spawner.spawn(std::mem::replace(plan, SpawnPlan::handed_over())),
+            None => spawn(plan),
+        }
     }
 
     /// Kills and reaps a process that will never be supervised, with everything in its
@@ -361,6 +383,9 @@ impl Service {
         let procs = self.begin_dispose();
         for proc in &procs {
             proc.wait(None);
+        }
+        if let Some(spawner) = self.shared.confined_spawner.get().and_then(Option::as_ref) {
+            spawner.stop();
         }
         self.shared.stop.store(true, Ordering::SeqCst);
         eventfd_raise(&self.shared.wake);

@@ -4,10 +4,10 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::cstring;
 use super::env::Env;
 use crate::errors::CoreError;
 use crate::floor::{minimal_reader, session_spawn};
-use super::cstring;
 
 /// Runs `argv` with its stdout drained by the least a userspace reader can do (epoll,
 /// non-blocking reads of `buf_bytes`, the last `tail_bytes` kept in a ring) and returns

@@ -123,6 +123,7 @@ impl Supervisor {
             cgroup: None,
             join_cgroups: Vec::new(),
             rlimits: Vec::new(),
+            bounding_set_cleared: false,
         };
         let cfg = ProcConfig {
             stdout_cap,

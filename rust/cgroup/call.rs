@@ -504,6 +504,7 @@ mod tests {
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds().expect("tasks files"),
             rlimits: vec![(libc::RLIMIT_NOFILE, 77, 77)],
+            bounding_set_cleared: false,
         };
         let child = spawn(&plan).expect("spawn");
         assert_eq!(cg.members(), vec![child.pid]);

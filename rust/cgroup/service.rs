@@ -452,6 +452,7 @@ mod tests {
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds().expect("tasks files"),
             rlimits: vec![],
+            bounding_set_cleared: false,
         };
         let child = spawn(&plan).expect("spawn");
         while crate::kill::liveness(child.pid).is_some() {

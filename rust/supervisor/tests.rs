@@ -17,6 +17,7 @@ fn plan(cmd: &str) -> SpawnPlan {
         cgroup: None,
         join_cgroups: Vec::new(),
         rlimits: Vec::new(),
+        bounding_set_cleared: false,
     }
 }
 
