@@ -373,6 +373,7 @@ def bench_session_spawn(program: bytes, argv: list[bytes], env: Env) -> float:
     """Wall seconds of ``program`` spawned by glibc ``posix_spawn`` as a session leader with
     piped stdio, stdout and stderr drained with ``poll`` to EOF, then reaped: the floor of a
     call with shellseam's contract, minus shellseam (a benchmark diagnostic)."""
+
 def register_result_types(
     collected: type[CollectedOutput],
     resources: type[ShellResources],
