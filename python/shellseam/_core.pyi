@@ -27,6 +27,7 @@ __all__ = [
     "Supervisor",
     "_keeper_main",
     "bench_minimal_reader",
+    "bench_session_spawn",
     "build_ruleset",
     "capability_facts",
     "containment_facts",
@@ -38,6 +39,7 @@ __all__ = [
     "landlock_fs_rights",
     "landlock_missing",
     "protect_harness",
+    "register_result_types",
 ]
 
 class NativeError(Exception):
