@@ -123,18 +123,12 @@ pub struct Keeper {
 impl Keeper {
     /// Starts `argv` (the bootstrap) as the keeper, its stdin the duty pipe.
     pub fn start(program: &CString, argv: Vec<CString>) -> io::Result<Self> {
-        let plan = SpawnPlan {
-            program: program.clone(),
+        let plan = SpawnPlan::new(
+            program.clone(),
             argv,
-            envp: std::sync::Arc::new(Vec::new()),
-            cwd: CString::new("/").unwrap_or_default(),
-            confinement: None,
-            script: None,
-            cgroup: None,
-            join_cgroups: Vec::new(),
-            rlimits: Vec::new(),
-            bounding_set_cleared: false,
-        };
+            std::sync::Arc::new(Vec::new()),
+            CString::new("/").unwrap_or_default(),
+        );
         let child = spawn(&plan).map_err(|e| io::Error::from_raw_os_error(e.errno))?;
         // Its stdout and stderr are not read: writes there fail with EPIPE (ignored).
         drop((child.pipes.stdout, child.pipes.stderr));
@@ -232,16 +226,14 @@ mod tests {
         let cg = set.acquire(TreeLimits::default()).expect("acquire");
         let c = |s: &str| CString::new(s).unwrap();
         let plan = SpawnPlan {
-            program: c("/bin/sleep"),
-            argv: vec![c("sleep"), c("300")],
-            envp: std::sync::Arc::new(vec![]),
-            cwd: c("/"),
-            confinement: None,
-            script: None,
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds().expect("tasks files"),
-            rlimits: Vec::new(),
-            bounding_set_cleared: false,
+            ..SpawnPlan::new(
+                c("/bin/sleep"),
+                vec![c("sleep"), c("300")],
+                std::sync::Arc::new(vec![]),
+                c("/"),
+            )
         };
         let child = spawn(&plan).expect("spawn");
         let mut d = Duties::default();

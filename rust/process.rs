@@ -279,9 +279,8 @@ impl Proc {
         (st.phase == Phase::Done).then(|| st.contain.resources())
     }
 
-    /// The resource verdict of the settled call, or None while it runs.
-    pub fn verdict(&self) -> Option<(Resources, Verdict)> {
-        let outcome = self.outcome()?;
+    /// The resource verdict of the settled call that ended with `outcome`.
+    pub fn verdict(&self, outcome: &Outcome) -> (Resources, Verdict) {
         let st = lock(&self.state);
         let resources = st.contain.resources();
         // Only a CPU or file-size limit reads the stderr tail (bash's message about a job).
@@ -290,8 +289,8 @@ impl Proc {
         } else {
             String::new()
         };
-        let verdict = crate::verdict::verdict(&st.limits, &resources, &outcome, &tail);
-        Some((resources, verdict))
+        let verdict = crate::verdict::verdict(&st.limits, &resources, outcome, &tail);
+        (resources, verdict)
     }
 
     pub fn collected(&self) -> (Collected, Collected) {

@@ -48,13 +48,18 @@ pub struct SpawnPlan {
 }
 
 impl SpawnPlan {
-    /// What is left of a plan handed to another thread (nothing: it is not used again).
-    pub(crate) fn handed_over() -> Self {
+    /// A plan to run `program` unconfined and uncontained (set the other fields to add).
+    pub fn new(
+        program: CString,
+        argv: Vec<CString>,
+        envp: std::sync::Arc<Vec<CString>>,
+        cwd: CString,
+    ) -> Self {
         Self {
-            program: CString::default(),
-            argv: Vec::new(),
-            envp: std::sync::Arc::default(),
-            cwd: CString::default(),
+            program,
+            argv,
+            envp,
+            cwd,
             confinement: None,
             script: None,
             cgroup: None,
@@ -62,6 +67,16 @@ impl SpawnPlan {
             rlimits: Vec::new(),
             bounding_set_cleared: false,
         }
+    }
+
+    /// What is left of a plan handed to another thread (nothing: it is not used again).
+    pub(crate) fn handed_over() -> Self {
+        Self::new(
+            CString::default(),
+            Vec::new(),
+            std::sync::Arc::default(),
+            CString::default(),
+        )
     }
 }
 

@@ -121,18 +121,12 @@ mod tests {
             panic!("a harness with CAP_SETPCAP starts the spawner");
         };
         let c = |s: &str| CString::new(s).unwrap();
-        let plan = SpawnPlan {
-            program: c("/bin/sleep"),
-            argv: vec![c("sleep"), c("5")],
-            envp: std::sync::Arc::new(vec![]),
-            cwd: c("/"),
-            confinement: None,
-            script: None,
-            cgroup: None,
-            join_cgroups: vec![],
-            rlimits: vec![],
-            bounding_set_cleared: false,
-        };
+        let plan = SpawnPlan::new(
+            c("/bin/sleep"),
+            vec![c("sleep"), c("5")],
+            std::sync::Arc::new(vec![]),
+            c("/"),
+        );
         let child = spawner.spawn(plan).expect("spawn");
         let bnd = cap_bnd(child.pid);
         // SAFETY: kills and reaps our own child.

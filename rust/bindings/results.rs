@@ -15,7 +15,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 
 use crate::collector::Collected;
-use crate::process::Proc;
+use crate::process::{Outcome, Proc};
 
 struct Types {
     collected: Py<PyType>,
@@ -92,9 +92,20 @@ pub(crate) fn shell_resources<'py>(
     limits: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let t = types(py)?;
-    let Some((raw, verdict)) = proc.verdict() else {
-        return Ok(None);
-    };
+    match proc.outcome() {
+        Some(outcome) => resources_record(py, t, proc, &outcome, limits).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn resources_record<'py>(
+    py: Python<'py>,
+    t: &Types,
+    proc: &Proc,
+    outcome: &Outcome,
+    limits: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (raw, verdict) = proc.verdict(outcome);
     let (obj, d) = blank(py, t, &t.resources)?;
     let containment = if raw.cgroup { "cgroup" } else { "session" };
     d.set_item(intern!(py, "containment"), containment)?;
@@ -103,7 +114,7 @@ pub(crate) fn shell_resources<'py>(
     d.set_item(intern!(py, "limit_exceeded"), verdict.limit_exceeded)?;
     d.set_item(intern!(py, "peak_memory_bytes"), raw.peak_memory_bytes)?;
     d.set_item(intern!(py, "cpu_ms"), verdict.cpu_ms)?;
-    Ok(Some(obj))
+    Ok(obj)
 }
 
 /// How the run was ended by its caller.
@@ -125,7 +136,7 @@ pub(crate) fn shell_result<'py>(
     let Some(outcome) = proc.outcome() else {
         return Ok(None);
     };
-    let resources = shell_resources(py, proc, limits)?;
+    let resources = resources_record(py, t, proc, &outcome, limits)?;
     let (out, err) = proc.collected();
     let signal = match outcome.signal {
         None => None,

@@ -114,16 +114,14 @@ impl Supervisor {
             .map(|a| cstring(a, "an argument"))
             .collect::<PyResult<Vec<_>>>()?;
         let mut plan = SpawnPlan {
-            program: cstring(program, "the program path")?,
-            argv,
-            envp: Arc::clone(&env.envp),
-            cwd: cstring(cwd, "the working directory")?,
             confinement: ruleset.map(|r| Arc::clone(&r.inner)),
             script: script_fd,
-            cgroup: None,
-            join_cgroups: Vec::new(),
-            rlimits: Vec::new(),
-            bounding_set_cleared: false,
+            ..SpawnPlan::new(
+                cstring(program, "the program path")?,
+                argv,
+                Arc::clone(&env.envp),
+                cstring(cwd, "the working directory")?,
+            )
         };
         let cfg = ProcConfig {
             stdout_cap,

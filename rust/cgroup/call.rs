@@ -6,11 +6,10 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::{keyed, lock, open_at, open_dir, write_at, TreeLimits, Usage};
+use super::{keyed, lock, open_at, open_dir, read_whole, write_at, TreeLimits, Usage};
 
 /// One cgroup directory of a call (v2 or one v1 controller). Its fd, and the files a call
 /// reads or the child writes (`cpu.stat`, `pids.current`, v1 `tasks`, ...), are opened on
@@ -95,23 +94,6 @@ impl Dir {
         self.fd = None;
         lock(&self.files).clear();
     }
-}
-
-/// Reads a kernfs file from offset 0 with `pread` (kernfs regenerates it for each read at
-/// offset 0; a short read is the end).
-fn read_whole(file: &fs::File) -> io::Result<String> {
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
-    loop {
-        let n = file.read_at(&mut buf[len..], len as u64)?;
-        len += n;
-        if n == 0 || len < buf.len() {
-            break;
-        }
-        buf.resize(buf.len() * 2, 0);
-    }
-    buf.truncate(len);
-    String::from_utf8(buf).map_err(|_| io::Error::from_raw_os_error(libc::EILSEQ))
 }
 
 /// Files of the v2 directory every call reads.
@@ -495,16 +477,15 @@ mod tests {
             .expect("acquire");
         let c = |s: &str| CString::new(s).unwrap();
         let plan = SpawnPlan {
-            program: c("/bin/sleep"),
-            argv: vec![c("sleep"), c("5")],
-            envp: std::sync::Arc::new(vec![]),
-            cwd: c("/"),
-            confinement: None,
-            script: None,
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds().expect("tasks files"),
             rlimits: vec![(libc::RLIMIT_NOFILE, 77, 77)],
-            bounding_set_cleared: false,
+            ..SpawnPlan::new(
+                c("/bin/sleep"),
+                vec![c("sleep"), c("5")],
+                std::sync::Arc::new(vec![]),
+                c("/"),
+            )
         };
         let child = spawn(&plan).expect("spawn");
         assert_eq!(cg.members(), vec![child.pid]);

@@ -23,9 +23,10 @@ pub use service::{remove_tree, ServiceCgroups};
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -81,11 +82,17 @@ pub(super) fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<
 /// kernfs and procfs hand over everything that fits in one read, so a short read is the
 /// end: one `read` per small file instead of `read_to_string`'s probes and `statx`.
 pub(crate) fn read_at(dir: RawFd, name: &str) -> io::Result<String> {
-    let mut file = open_at(dir, name, libc::O_RDONLY)?;
+    read_whole(&open_at(dir, name, libc::O_RDONLY)?)
+}
+
+/// Reads a small kernfs or procfs file from offset 0 with `pread`, so that a held fd can be
+/// read again (kernfs regenerates the file for each read at offset 0; a short read is the
+/// end).
+pub(super) fn read_whole(file: &fs::File) -> io::Result<String> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     loop {
-        let n = file.read(&mut buf[len..])?;
+        let n = file.read_at(&mut buf[len..], len as u64)?;
         len += n;
         if n == 0 || len < buf.len() {
             break;

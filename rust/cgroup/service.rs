@@ -439,20 +439,18 @@ mod tests {
             .expect("acquire");
         let c = |s: &str| CString::new(s).unwrap();
         let plan = SpawnPlan {
-            program: c("/bin/sh"),
-            argv: vec![
-                c("sh"),
-                c("-c"),
-                c(&format!("head -c 8388608 /dev/zero > {shm}")),
-            ],
-            envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
-            cwd: c("/"),
-            confinement: None,
-            script: None,
             cgroup: Some(cg.dir_fd()),
             join_cgroups: cg.join_fds().expect("tasks files"),
-            rlimits: vec![],
-            bounding_set_cleared: false,
+            ..SpawnPlan::new(
+                c("/bin/sh"),
+                vec![
+                    c("sh"),
+                    c("-c"),
+                    c(&format!("head -c 8388608 /dev/zero > {shm}")),
+                ],
+                std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
+                c("/"),
+            )
         };
         let child = spawn(&plan).expect("spawn");
         while crate::kill::liveness(child.pid).is_some() {

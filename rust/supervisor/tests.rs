@@ -7,18 +7,12 @@ use std::time::Duration;
 
 fn plan(cmd: &str) -> SpawnPlan {
     let c = |s: &str| CString::new(s).unwrap();
-    SpawnPlan {
-        program: c("/bin/bash"),
-        argv: vec![c("bash"), c("-c"), c(cmd)],
-        envp: std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
-        cwd: c("/"),
-        confinement: None,
-        script: None,
-        cgroup: None,
-        join_cgroups: Vec::new(),
-        rlimits: Vec::new(),
-        bounding_set_cleared: false,
-    }
+    SpawnPlan::new(
+        c("/bin/bash"),
+        vec![c("bash"), c("-c"), c(cmd)],
+        std::sync::Arc::new(vec![c("PATH=/usr/bin:/bin")]),
+        c("/"),
+    )
 }
 
 fn cfg(cap: usize) -> ProcConfig {
