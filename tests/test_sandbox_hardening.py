@@ -570,6 +570,103 @@ def test_remove_tree_never_follows_symlinks_and_never_raises(tmp_path: Path) -> 
     assert not (tmp_path / "plain").exists()
 
 
+# Attack (red team, stop 17): a command still running while the harness removed a tree it
+# could write moved the directory the walk was in to a shallower place; the walk climbed back
+# up with "..", as many levels as it came down, out of the tree, and emptied every directory
+# above it with the harness's rights (up to $HOME, or / under a root harness).
+def test_remove_tree_never_climbs_out_of_a_tree_moved_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    (victim / "precious").mkdir(parents=True)
+    (victim / "precious" / "f").write_text("keep")
+    (victim / "top").write_text("keep")
+    tree = victim / "tree"
+    deep = tree / "d1" / "d2" / "d3"
+    deep.mkdir(parents=True)
+    (deep / "file").write_text("x")
+    real_open = os.open
+    moved: list[bool] = []
+
+    def open_moving(path: object, flags: int, *args: object, **kw: object) -> int:
+        # The command's move, at the worst moment: as the walk leaves d3 for "..".
+        if path == ".." and not moved:
+            moved.append(True)
+            os.rename(deep, tree / "x")
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("shellseam.paths.os.open", open_moving)
+    remove_tree(str(tree))
+    monkeypatch.undo()
+    assert moved
+    assert (victim / "top").read_text() == "keep"
+    assert (victim / "precious" / "f").read_text() == "keep"
+    remove_tree(str(tree))  # what the stopped walk left goes on the next try
+    assert not tree.exists()
+    assert sorted(os.listdir(victim)) == ["precious", "top"]
+
+
+@pytest.mark.parametrize("containment", ["session", "auto"])
+def test_a_running_command_cannot_steer_its_tmpdir_cleanup_out_of_the_tree(
+    box: dict[str, str], containment: str
+) -> None:
+    # The red team's end-to-end form: a setsid daemon of a read-only call renames the
+    # directory the harness's $TMPDIR cleanup is emptying; the victim sits beside the spill
+    # parent, outside every root the command may write.
+    victim = os.path.join(box["base"], "s1", "s2", "s3", "victim")
+    os.makedirs(os.path.join(victim, "spillp"))
+    for i in range(5):
+        with open(os.path.join(victim, f"precious{i}"), "w") as f:
+            f.write("x")
+    service = SubprocessService(spill_parent=os.path.join(victim, "spillp"))
+    try:
+        ex = SandboxShellExecutor(
+            mode="read-only",
+            cwd=box["ws"],
+            grace_ms=300,
+            service=service,
+            containment=containment,
+        )
+        daemon = os.path.join(box["base"], "daemon.py")
+        with open(daemon, "w") as f:
+            f.write(
+                textwrap.dedent(
+                    """
+                    import os, time
+                    t = os.environ["TMPDIR"]; d3 = t + "/d1/d2/d3"; m = os.stat(d3).st_mtime_ns
+                    end = time.monotonic() + 20
+                    while time.monotonic() < end:
+                        try:
+                            if os.stat(d3).st_mtime_ns != m:
+                                os.rename(d3, t + "/x")
+                                break
+                        except OSError:
+                            break
+                        time.sleep(0.0005)
+                    """
+                )
+            )
+        cmd = (
+            "mkdir -p $TMPDIR/d1/d2/d3 && cd $TMPDIR/d1/d2/d3 && "
+            + py("[open(str(i), 'w').close() for i in range(20000)]")
+            + f" && setsid -f {sys.executable} {daemon}"
+        )
+        r = ex.run_sync(ex.resolve(ShellExecRequest(command=cmd)))
+        assert r.exit_code == 0, r.stderr.text
+        time.sleep(1)
+        assert sorted(os.listdir(victim)) == [
+            "precious0",
+            "precious1",
+            "precious2",
+            "precious3",
+            "precious4",
+            "spillp",
+        ]
+    finally:
+        service.dispose()
+        subprocess.run(["pkill", "-f", daemon], check=False)
+
+
 def test_caches_point_at_a_per_service_directory(
     box: dict[str, str], svc: SubprocessService, monkeypatch: pytest.MonkeyPatch
 ) -> None:

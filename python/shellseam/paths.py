@@ -63,7 +63,13 @@ def remove_tree(path: str) -> None:
     directory), so it may not recurse (``shutil.rmtree`` hits the recursion limit at ~1,000
     levels, and ``mkdir d && cd d`` in a loop builds that in a second), may not hold one fd
     per level, and never follows a symlink. It walks down and back up with one directory
-    fd at a time and a stack of names; what cannot be removed is left in place.
+    fd at a time and a stack of (name, identity) per level; what cannot be removed is left
+    in place.
+
+    A command still running may move the directory the walk is in while it walks (to a
+    shallower place in the tree, or out of it): every step back up checks that ``..`` is
+    the very directory the walk came down from, and stops otherwise, so the walk never
+    climbs out of the tree into directories the command could not write.
     """
     try:
         fd = os.open(path, _OPEN_DIR)
@@ -71,11 +77,14 @@ def remove_tree(path: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)  # not a directory (or already gone)
         return
-    names: list[str] = []
+    # One entry per level below ``path``: the name taken down, and the (dev, inode) of the
+    # directory it was taken from (where the walk must come back up to).
+    names: list[tuple[str, tuple[int, int]]] = []
     stuck: set[tuple[int, int]] = set()  # (dev, inode) that would not go: skipped from then on
     try:
         while True:
-            dev = os.fstat(fd).st_dev
+            here = os.fstat(fd)
+            dev = here.st_dev
             sub = None
             with os.scandir(fd) as entries:
                 for entry in entries:
@@ -98,16 +107,19 @@ def remove_tree(path: str) -> None:
                     continue
                 os.close(fd)
                 fd = child
-                names.append(sub.name)
+                names.append((sub.name, (here.st_dev, here.st_ino)))
                 continue
             if not names:
                 break
-            here = os.fstat(fd)
             parent = os.open("..", _OPEN_DIR, dir_fd=fd)
             os.close(fd)
             fd = parent
+            name, came_from = names.pop()
+            up = os.fstat(fd)
+            if (up.st_dev, up.st_ino) != came_from:
+                break  # moved while we walked: ".." is no longer where we came from
             try:
-                os.rmdir(names.pop(), dir_fd=fd)
+                os.rmdir(name, dir_fd=fd)
             except FileNotFoundError:
                 pass
             except OSError:
