@@ -15,6 +15,9 @@
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
 //!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
 //!   generation);
+//! - every confined mode: `prlimit64` on another process (Landlock has no hook for it: a
+//!   command could lower the harness's, the keeper's or a sibling call's limits, e.g.
+//!   `RLIMIT_CPU` to kill the harness); `setrlimit`/`getrlimit` pass pid 0 and still work;
 //! - `network=False`: `socket()` for every family, and `socketpair` of any type but
 //!   `SOCK_STREAM` (a pair of datagram sockets is unconnected: `sendto` with a path, or
 //!   `connect`, reaches any pathname unix socket it can see, `/dev/log` included; a connected
@@ -178,6 +181,15 @@ fn action(nr: i64, policy: FilterPolicy) -> Vec<libc::sock_filter> {
             stmt(BPF_RET_K, errno(libc::EPERM)),
         ];
     }
+    if nr == libc::SYS_prlimit64 {
+        // prlimit64(pid, ...): this process's own limits only (pid 0).
+        return vec![
+            stmt(BPF_LD_W_ABS, off_arg_low(0)),
+            jump(BPF_JEQ_K, 0, 0, 1),
+            stmt(BPF_RET_K, RET_ALLOW),
+            stmt(BPF_RET_K, errno(libc::EPERM)),
+        ];
+    }
     if nr == libc::SYS_socketpair && policy.deny_sockets {
         // socketpair(domain, type, ...): a stream pair only.
         return vec![
@@ -217,7 +229,12 @@ fn singled_out(policy: FilterPolicy) -> Vec<(u32, Vec<libc::sock_filter>)> {
     if policy.deny_sockets {
         nrs.extend([libc::SYS_socket, libc::SYS_socketpair]);
     }
-    nrs.extend([libc::SYS_clone3, libc::SYS_clone, libc::SYS_ioctl]);
+    nrs.extend([
+        libc::SYS_clone3,
+        libc::SYS_clone,
+        libc::SYS_ioctl,
+        libc::SYS_prlimit64,
+    ]);
     nrs.sort_unstable();
     nrs.dedup();
     nrs.into_iter()
@@ -460,5 +477,24 @@ mod tests {
         );
         let keyctl = libc::SYS_keyctl as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, keyctl, [0, 0]), EPERM);
+    }
+
+    #[test]
+    fn prlimit_reaches_only_the_callers_own_limits() {
+        let prlimit = libc::SYS_prlimit64 as u32;
+        for (read_only, deny_sockets) in
+            [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let prog = build(FilterPolicy {
+                read_only,
+                deny_sockets,
+            });
+            assert_eq!(run(&prog, AUDIT_ARCH, prlimit, [0, 0]), RET_ALLOW);
+            for pid in [1, 4242, u32::MAX] {
+                assert_eq!(run(&prog, AUDIT_ARCH, prlimit, [pid, 0]), EPERM, "{pid}");
+            }
+            let getrlimit = libc::SYS_getrlimit as u32;
+            assert_eq!(run(&prog, AUDIT_ARCH, getrlimit, [1, 0]), RET_ALLOW);
+        }
     }
 }

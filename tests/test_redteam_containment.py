@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -191,6 +193,41 @@ def test_confined_command_cannot_touch_the_keeper(
             assert f.read().rsplit(")", 1)[1].split()[0] in "SR"  # alive, not stopped
     finally:
         del os.environ["SHELLSEAM_RT_SECRET_TOKEN"]
+
+
+# Attack (red team, stop 17): Landlock has no hook for prlimit64, so a confined command set
+# the harness's RLIMIT_CPU to 1 s (the harness was killed a second later), the keeper's
+# RLIMIT_NOFILE to 0 (it could no longer kill a dead harness's commands) and a sibling's.
+@needs_landlock
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_confined_command_cannot_change_another_process_limits(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    ex = sandbox(box, svc, mode=mode)
+    run(ex, "true")
+    keeper = svc.keeper_pid
+    before = [resource.prlimit(pid, resource.RLIMIT_CPU) for pid in (os.getpid(), keeper)]
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        # Harmless values for the harness and the keeper (a test that fails must not kill the
+        # test run): a CPU limit of ~28 h; the victim gets a crippling one.
+        r = run(
+            ex,
+            f"for pid in $PPID {keeper}; do prlimit --pid $pid --cpu=99999:99999 2>/dev/null "
+            f"&& echo changed $pid; done; prlimit --pid {victim.pid} --nofile=3:3 2>/dev/null "
+            f"&& echo changed {victim.pid}; "
+            "ulimit -S -n 64 && ulimit -S -n",  # the command's own limits still work
+        )
+        assert r.stdout.text == "64\n", r.stdout.text + r.stderr.text
+        after = [resource.prlimit(pid, resource.RLIMIT_CPU) for pid in (os.getpid(), keeper)]
+        assert after == before
+        assert resource.prlimit(victim.pid, resource.RLIMIT_NOFILE)[0] != 3
+    finally:
+        for pid, limit in zip((os.getpid(), keeper), before, strict=True):
+            with contextlib.suppress(OSError):
+                resource.prlimit(pid, resource.RLIMIT_CPU, limit)
+        victim.kill()
+        victim.wait()
 
 
 # Attack: a workspace-write call plants a poisoned pip/npm/XDG cache; an escalated
