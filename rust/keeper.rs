@@ -33,6 +33,8 @@ pub struct Duties {
     pub cgroups: Vec<PathBuf>,
     pub dirs: Vec<PathBuf>,
     pub spills: Vec<PathBuf>,
+    /// Trees the harness made for its commands and removes when their call settles.
+    pub scratch: Vec<PathBuf>,
     pub groups: BTreeSet<libc::pid_t>,
     pub exit: bool,
 }
@@ -46,6 +48,8 @@ impl Duties {
             "dir" => self.dirs.push(PathBuf::from(arg)),
             "spill" => self.spills.push(PathBuf::from(arg)),
             "keep-spill" => self.spills.retain(|p| p != Path::new(arg)),
+            "scratch" => self.scratch.push(PathBuf::from(arg)),
+            "unscratch" => self.scratch.retain(|p| p != Path::new(arg)),
             "group" => {
                 if let Ok(pgid) = arg.parse() {
                     self.groups.insert(pgid);
@@ -79,8 +83,10 @@ impl Duties {
         for dir in self.cgroups.iter().chain(&self.dirs) {
             remove_tree(dir);
         }
-        for spill in &self.spills {
-            let _ = fs::remove_dir_all(spill);
+        // std's remove_dir_all opens every level without following symlinks and never
+        // climbs back up by "..": nothing a (now dead) command left can redirect it.
+        for tree in self.spills.iter().chain(&self.scratch) {
+            let _ = fs::remove_dir_all(tree);
         }
     }
 }
@@ -204,12 +210,16 @@ mod tests {
             "ungroup 42",
             "bogus",
             "keep-spill /tmp/zz",
+            "scratch /tmp/s1",
+            "scratch /tmp/s2",
+            "unscratch /tmp/s1",
         ] {
             d.apply(line);
         }
         assert_eq!(d.cgroups, vec![PathBuf::from("/sys/fs/cgroup/x")]);
         assert_eq!(d.spills, vec![PathBuf::from("/tmp/a b")]);
         assert_eq!(d.groups.iter().copied().collect::<Vec<_>>(), vec![43]);
+        assert_eq!(d.scratch, vec![PathBuf::from("/tmp/s2")]);
         assert!(!d.exit);
         d.apply("exit");
         assert!(d.exit);
@@ -259,7 +269,13 @@ mod tests {
         fs::write(dir.join("sub/f"), "x").unwrap();
         let mut d = Duties::default();
         d.apply(&format!("spill {}", dir.display()));
+        let scratch = dir.with_extension("scratch");
+        fs::create_dir_all(scratch.join("deep")).unwrap();
+        std::os::unix::fs::symlink("/", scratch.join("deep/root")).unwrap();
+        d.apply(&format!("scratch {}", scratch.display()));
         d.clean_up();
         assert!(!dir.exists());
+        assert!(!scratch.exists());
+        assert!(Path::new("/usr").exists()); // the symlink went, never what it names
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -170,9 +170,29 @@ impl Service {
         lock(&self.shared.spill).path().map(|p| p.to_path_buf())
     }
 
-    /// The spill directory, created now if nothing spilled yet (None once disposed).
+    /// The spill directory, created now if nothing spilled yet (None once disposed). The
+    /// keeper is told at once: a harness killed before anything spilled must not leave it.
     pub fn ensure_spill_dir(&self) -> Option<PathBuf> {
-        (!self.is_disposed()).then(|| lock(&self.shared.spill).ensure_dir().ok())?
+        if self.is_disposed() {
+            return None;
+        }
+        let dir = lock(&self.shared.spill).ensure_dir().ok()?;
+        self.shared.note_spill_dir();
+        Some(dir)
+    }
+
+    /// Tells the keeper to remove `dir` (a tree the harness made for its commands: a
+    /// read-only call's `$TMPDIR`, the sandbox cache) if the harness dies before it does.
+    pub fn note_scratch_dir(&self, dir: &Path) {
+        self.shared
+            .tell_keeper(|k| k.send(&format!("scratch {}", dir.display())));
+    }
+
+    /// The harness removed `dir` itself: the keeper forgets it.
+    pub fn forget_scratch_dir(&self, dir: &Path) {
+        if let Some(k) = &lock(&self.shared.keeper).running {
+            k.send(&format!("unscratch {}", dir.display()));
+        }
     }
 
     pub fn running(&self) -> usize {

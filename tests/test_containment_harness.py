@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 from containment_helpers import MARK, kill_marked, new_token, own_cgroup_dirs, survivors
+
+from shellseam import landlock_abi
 
 HARNESS = r"""
 import json, os, sys, time
@@ -99,6 +103,53 @@ def test_harness_death_leaves_nothing_running(
         proc.kill()
         proc.wait()
         kill_marked()
+
+
+CONFINED_HARNESS = r"""
+import json, os, sys, time
+from shellseam import SandboxShellExecutor, ShellExecRequest, SubprocessService
+token, parent, ws = sys.argv[1], sys.argv[2], sys.argv[3]
+svc = SubprocessService(spill_parent=parent)
+env = {MARK_NAME: token}
+ww = SandboxShellExecutor(mode="workspace-write", cwd=ws, service=svc)
+ww.run_sync(ww.resolve(ShellExecRequest(command="echo x > $XDG_CACHE_HOME/c", env=env)))
+ro = SandboxShellExecutor(mode="read-only", cwd=ws, service=svc)
+h = ro.start(ro.resolve(ShellExecRequest(command="echo secret > $TMPDIR/s; sleep 300", env=env)))
+time.sleep(0.5)
+print(json.dumps({"spill": svc.spill_dir, "made": sorted(os.listdir(parent))}), flush=True)
+time.sleep(600)
+""".replace("MARK_NAME", repr(MARK))
+
+
+# Attack (red team, stop 17): a SIGKILLed harness left a read-only call's $TMPDIR (with what
+# the command wrote there), the sandbox cache and a spill directory nothing had spilled into
+# yet: the keeper had been told only of a spill directory, and only at the first spill.
+@pytest.mark.skipif(landlock_abi() < 1, reason="needs Landlock")
+def test_harness_death_removes_confined_scratch_dirs() -> None:
+    token = new_token()
+    base = tempfile.mkdtemp(dir="/var/tmp")  # outside /tmp, which workspace-write may write
+    parent, ws = os.path.join(base, "spill"), os.path.join(base, "ws")
+    os.mkdir(ws)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONFINED_HARNESS, token, parent, ws],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        made = info["made"]
+        assert os.listdir(info["spill"]) == []  # made for the sandbox's checks, nothing spilled
+        assert sorted(name.split("-")[0] for name in made) == ["cache", "shellseam", "tmp"]
+        proc.kill()
+        proc.wait(10)
+        assert wait_until(lambda: survivors(token) == [], 2.0), survivors(token)
+        assert wait_until(lambda: os.listdir(parent) == [], 2.0), os.listdir(parent)
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_kept_spill_survives_the_harness(tmp_path: os.PathLike[str]) -> None:

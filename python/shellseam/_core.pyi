@@ -307,6 +307,10 @@ class Supervisor:
     ) -> Supervisor: ...
     def ensure_spill_dir(self) -> str | None:
         """The spill directory, created now if nothing spilled yet (None: cannot be)."""
+    def note_scratch_dir(self, dir: str) -> None:
+        """Tells the keeper to remove ``dir`` if the harness dies before it does."""
+    def forget_scratch_dir(self, dir: str) -> None:
+        """The harness removed ``dir`` itself: the keeper forgets it."""
     @property
     def keeper_pid(self) -> int | None: ...
     def has_cgroups(self) -> bool: ...

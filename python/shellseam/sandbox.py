@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
 import threading
 import weakref
 from collections import OrderedDict
@@ -230,8 +229,7 @@ class _ServiceCache:
 
     @classmethod
     def _create(cls, service: SubprocessService) -> str:
-        os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
-        path = tempfile.mkdtemp(prefix="cache-", dir=service.spill_parent)
+        path = service.scratch_dir("cache-")
         cls._dirs[service] = path
         weakref.finalize(service, remove_tree, path)
         return path
@@ -424,8 +422,7 @@ class SandboxShellExecutor(LocalShellExecutor):
     ) -> Confinement:
         # A private scratch directory as $TMPDIR (bash here-docs over 64 KiB need one),
         # made where no other confined command can write, removed when the call settles.
-        os.makedirs(service.spill_parent, mode=0o700, exist_ok=True)
-        tmpdir = tempfile.mkdtemp(prefix="tmp-", dir=service.spill_parent)
+        tmpdir = service.scratch_dir("tmp-")
         try:
             fd = os.open(tmpdir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
@@ -433,14 +430,14 @@ class SandboxShellExecutor(LocalShellExecutor):
             finally:
                 os.close(fd)
         except BaseException:
-            remove_tree(tmpdir)
+            service.remove_scratch_dir(tmpdir)
             raise
         env = [] if spec.env and "TMPDIR" in spec.env else [(b"TMPDIR", os.fsencode(tmpdir))]
         return Confinement(
             ruleset=ruleset,
             env=env,
             env_builder=self._confined_env,
-            cleanup=lambda: remove_tree(tmpdir),
+            cleanup=lambda: service.remove_scratch_dir(tmpdir),
         )
 
     # -- results ------------------------------------------------------------------------

@@ -368,6 +368,22 @@ class SubprocessService:
         """Processes not yet settled."""
         return self._supervisor.running
 
+    def scratch_dir(self, prefix: str) -> str:
+        """A new private directory for commands' scratch files (a read-only call's
+        ``$TMPDIR``, the sandbox cache) in the spill parent; the keeper removes it if the
+        harness dies first. Remove it with ``remove_scratch_dir``."""
+        os.makedirs(self.spill_parent, mode=0o700, exist_ok=True)
+        path = tempfile.mkdtemp(prefix=prefix, dir=self.spill_parent)
+        self._supervisor.note_scratch_dir(path)
+        return path
+
+    def remove_scratch_dir(self, path: str) -> None:
+        """Removes a ``scratch_dir`` (never following what its commands left there)."""
+        from .paths import remove_tree  # paths builds on this module
+
+        remove_tree(path)
+        self._supervisor.forget_scratch_dir(path)
+
     # -- spawning ----------------------------------------------------------------------
 
     def spawn(

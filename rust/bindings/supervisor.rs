@@ -67,6 +67,16 @@ impl Supervisor {
             .map(|p| p.to_string_lossy().into_owned())
     }
 
+    /// Tells the keeper to remove `dir` if the harness dies before it does.
+    fn note_scratch_dir(&self, dir: std::path::PathBuf) {
+        self.inner.note_scratch_dir(&dir);
+    }
+
+    /// The harness removed `dir` itself: the keeper forgets it.
+    fn forget_scratch_dir(&self, dir: std::path::PathBuf) {
+        self.inner.forget_scratch_dir(&dir);
+    }
+
     #[getter]
     fn spill_dir(&self) -> Option<String> {
         self.inner
