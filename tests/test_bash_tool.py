@@ -111,6 +111,10 @@ def test_prompt_section() -> None:
         (ok(timeoutMs=-1), "invalid timeoutMs: expected a positive number, got -1"),
         (ok(timeoutMs=0), "invalid timeoutMs: expected a positive number, got 0"),
         (ok(timeoutMs=-0.5), "invalid timeoutMs: expected a positive number, got -0.5"),
+        # JSON.stringify writes integral numbers without a fraction, as the model sent them.
+        (ok(timeoutMs=0.0), "invalid timeoutMs: expected a positive number, got 0"),
+        (ok(timeoutMs=-1.0), "invalid timeoutMs: expected a positive number, got -1"),
+        (ok(timeoutMs=[2.0]), "invalid timeoutMs: expected a positive number, got [2]"),
         (ok(timeoutMs="abc"), 'invalid timeoutMs: expected a positive number, got "abc"'),
         (ok(timeoutMs="5000"), 'invalid timeoutMs: expected a positive number, got "5000"'),
         (ok(timeoutMs=True), "invalid timeoutMs: expected a positive number, got true"),

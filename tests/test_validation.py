@@ -62,6 +62,8 @@ def test_bad_numeric_config_names_the_parameter(name: str, value: object, error:
         (lambda: LocalShellExecutor(cwd=""), "cwd", ValueError),
         (lambda: LocalShellExecutor(cwd=3), "cwd", TypeError),
         (lambda: SandboxShellExecutor(cwd="/tmp/\0x"), "cwd", ValueError),
+        (lambda: LocalShellExecutor(service="x"), "service", TypeError),
+        (lambda: SandboxShellExecutor(service=object()), "service", TypeError),
         (lambda: ManagedEnvRegistry(home=5), "home", TypeError),
         (lambda: ManagedEnvRegistry(home=""), "home", ValueError),
         (lambda: ManagedEnvRegistry(home="/h/\0"), "home", ValueError),

@@ -272,6 +272,8 @@ class LocalShellExecutor(ShellExecutor):
         if not isinstance(managed_prefix, str):
             raise TypeError(f"managed_prefix must be str, got {type(managed_prefix).__name__}")
         self.managed_prefix = managed_prefix
+        if service is not None and not isinstance(service, SubprocessService):
+            raise TypeError(f"service must be a SubprocessService, got {type(service).__name__}")
         self._service = service
         # Not in SPEC (which runs bash): front ends that must match another harness's shell
         # exactly, such as mini-swe-agent's LocalEnvironment (``/bin/sh -c``), name it here.

@@ -32,8 +32,20 @@ def error_result(message: str) -> ToolResult:
 
 def json_repr(value: object) -> str:
     """``value`` as the model wrote it (JSON), falling back to ``repr`` for non-JSON values."""
-    # Compact and unescaped, as JSON.stringify renders it: [1,2], {"a":1}, "é".
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=repr)
+    # Compact and unescaped, as JSON.stringify renders it: [1,2], {"a":1}, "é", and numbers
+    # as JavaScript writes integral ones (0.0 -> 0, -1.0 -> -1).
+    return json.dumps(_as_js(value), separators=(",", ":"), ensure_ascii=False, default=repr)
+
+
+def _as_js(value: object) -> object:
+    if isinstance(value, float):
+        integral = math.isfinite(value) and value.is_integer() and abs(value) < 1e21
+        return int(value) if integral else value
+    if isinstance(value, (list, tuple)):
+        return [_as_js(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_js(v) for k, v in value.items()}
+    return value
 
 
 def arguments(args: object) -> Mapping[str, Any]:
