@@ -10,12 +10,23 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
+use nix::sys::resource::{getrlimit, Resource};
+
 use crate::adopted::{reap_strays, Strays};
 use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
 use crate::kill::{group_alive, group_members, liveness, only_a_dead_leader, signal_group};
 
 /// `(resource, soft, hard)` for `prlimit64` in the child.
 pub type Rlimit = (u32, u64, u64);
+
+/// `(resource, soft, hard)` for a limit of the call, never above the harness's own hard
+/// limit: raising that needs `CAP_SYS_RESOURCE` (every spawn would fail without it, and
+/// `RLIMIT_NOFILE` can never pass `fs.nr_open`), and a limit is a ceiling: what the harness
+/// itself may not exceed, its commands may not either.
+fn ceiling(resource: Resource, soft: u64, hard: u64) -> Rlimit {
+    let cap = getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard);
+    (resource as u32, soft.min(cap), hard.min(cap))
+}
 
 /// The limits of one call, as validated by the Python layer (`None`: no limit). Python
 /// builds it as the frozen record `_core.CallLimits` (constructor in bindings/contain.rs);
@@ -125,13 +136,13 @@ impl CallContainment {
         let tree_processes = contained && cgroups.is_some_and(ServiceCgroups::has_pids);
         let mut rlimits = Vec::new();
         if let Some(v) = limits.file_size_bytes {
-            rlimits.push((libc::RLIMIT_FSIZE, v, v));
+            rlimits.push(ceiling(Resource::RLIMIT_FSIZE, v, v));
         }
         if let Some(v) = limits.open_files {
-            rlimits.push((libc::RLIMIT_NOFILE, v, v));
+            rlimits.push(ceiling(Resource::RLIMIT_NOFILE, v, v));
         }
         if let (Some(v), false) = (limits.memory_bytes, tree_memory) {
-            rlimits.push((libc::RLIMIT_AS, v, v));
+            rlimits.push(ceiling(Resource::RLIMIT_AS, v, v));
         }
         let cpu_limit_usec = match (limits.cpu_ms, cgroup.is_some()) {
             (Some(ms), true) => Some(ms.saturating_mul(1000)),
@@ -139,7 +150,7 @@ impl CallContainment {
                 // SIGXCPU at the soft limit (the status names it), SIGKILL a second later
                 // for a command that ignores it.
                 let secs = ms.div_ceil(1000).max(1);
-                rlimits.push((libc::RLIMIT_CPU, secs, secs + 1));
+                rlimits.push(ceiling(Resource::RLIMIT_CPU, secs, secs + 1));
                 None
             }
             (None, _) => None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -344,6 +345,41 @@ def test_tiny_open_files_limit_is_the_commands_problem_not_a_spawn_failure(
     ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=4))
     r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo hi")))
     assert (r.stdout.text, r.exit_code) == ("hi\n", 0)
+
+
+# Found by the SPEC audit (stop 17): a limit above what the kernel lets the harness set made
+# every call fail (`open_files` one above the hard RLIMIT_NOFILE: SPAWN_FAILED), or silently
+# dropped the call's cgroup (a pids.max above PID_MAX_LIMIT: session containment, nothing
+# contained, the process limit unenforced).
+def test_open_files_above_the_harness_hard_limit_is_that_limit(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard RLIMIT_NOFILE to exceed")
+    ex = executor(svc, tmp_path, limits=ResourceLimits(open_files=hard + 1))
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="ulimit -n; ulimit -Hn")))
+    assert (r.stdout.text, r.exit_code) == (f"{hard}\n{hard}\n", 0), r.stderr.text
+
+
+@pytest.mark.skipif(PER_LIMIT["max_processes"] != "tree", reason="no pids controller")
+@pytest.mark.parametrize("ceiling", [4 * 1024 * 1024 + 1, 2**31 - 1, 2**62])
+def test_a_process_limit_above_the_kernels_still_contains_the_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str], ceiling: int
+) -> None:
+    token = new_token()
+    ex = executor(svc, tmp_path, limits=ResourceLimits(max_processes=ceiling))
+    r = ex.run_sync(
+        ex.resolve(
+            ShellExecRequest(
+                command="setsid sleep 300 > /dev/null 2>&1 & echo ok", env=marked_env(token)
+            )
+        )
+    )
+    assert r.stdout.text == "ok\n" and r.resources is not None
+    assert (r.resources.containment, r.resources.enforcement) == ("cgroup", "tree")
+    assert r.leftover_killed >= 1
+    assert survivors(token) == []
 
 
 def test_model_input_cannot_set_limits(svc: SubprocessService, tmp_path: os.PathLike[str]) -> None:

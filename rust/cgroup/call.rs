@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// The most pids a 64-bit kernel can hand out (`PID_MAX_LIMIT`, 4 Mi).
+const PID_MAX_LIMIT: u64 = 4 * 1024 * 1024;
+
 use super::{keyed, lock, open_at, open_dir, read_whole, write_at, TreeLimits, Usage};
 
 /// One cgroup directory of a call (v2 or one v1 controller). Its fd, and the files a call
@@ -233,8 +236,11 @@ impl CallCgroup {
                 self.pids.as_ref().map(Dir::raw)
             };
             if let Some(fd) = fd {
+                // The kernel refuses a pids.max above PID_MAX_LIMIT; no more processes than
+                // that can exist, so a larger limit is no limit.
                 let value = limits
                     .max_processes
+                    .filter(|&v| v <= PID_MAX_LIMIT)
                     .map_or("max".to_string(), |v| v.to_string());
                 write_at(fd, "pids.max", &value)?;
             }
