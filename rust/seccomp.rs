@@ -18,6 +18,15 @@
 //! - every confined mode: `prlimit64` on another process (Landlock has no hook for it: a
 //!   command could lower the harness's, the keeper's or a sibling call's limits, e.g.
 //!   `RLIMIT_CPU` to kill the harness); `setrlimit`/`getrlimit` pass pid 0 and still work;
+//! - every confined mode: the scheduling calls on another process (`setpriority`,
+//!   `ioprio_set`, `sched_setscheduler`, `sched_setparam`, `sched_setattr`,
+//!   `sched_setaffinity` with a pid other than 0, and `PRIO_USER`/`IOPRIO_WHO_USER`): no
+//!   Landlock hook either, and a command reniced, SCHED_IDLE'd and pinned an unprivileged
+//!   harness and every sibling call for good; `nice`, `ionice`, `chrt` and `taskset` on a
+//!   command they start (pid 0) still work;
+//! - every confined mode: System V IPC and POSIX message queues. The IPC namespace is the
+//!   host's: a command read, wrote and removed the harness's shared memory, semaphores and
+//!   queues, and segments it left outlived its call and its memory limit;
 //! - `network=False`: `socket()` for every family, and `socketpair` of any type but
 //!   `SOCK_STREAM` (a pair of datagram sockets is unconnected: `sendto` with a path, or
 //!   `connect`, reaches any pathname unix socket it can see, `/dev/log` included; a connected
@@ -132,6 +141,56 @@ fn always_denied() -> Vec<i64> {
     ]
 }
 
+/// System V IPC and POSIX message queues, which every confined mode refuses.
+fn ipc() -> Vec<i64> {
+    vec![
+        libc::SYS_shmget,
+        libc::SYS_shmat,
+        libc::SYS_shmctl,
+        libc::SYS_semget,
+        libc::SYS_semop,
+        libc::SYS_semtimedop,
+        libc::SYS_semctl,
+        libc::SYS_msgget,
+        libc::SYS_msgsnd,
+        libc::SYS_msgrcv,
+        libc::SYS_msgctl,
+        libc::SYS_mq_open,
+        libc::SYS_mq_unlink,
+        libc::SYS_mq_timedsend,
+        libc::SYS_mq_timedreceive,
+        libc::SYS_mq_notify,
+        libc::SYS_mq_getsetattr,
+    ]
+}
+
+/// `PRIO_USER` (setpriority) and `IOPRIO_WHO_USER` (ioprio_set): every process of a uid.
+const PRIO_USER: u32 = 2;
+const IOPRIO_WHO_USER: u32 = 3;
+
+/// An action allowing the call only when argument `pid_arg` is 0 (the caller itself).
+fn only_self(pid_arg: u32) -> Vec<libc::sock_filter> {
+    vec![
+        stmt(BPF_LD_W_ABS, off_arg_low(pid_arg)),
+        jump(BPF_JEQ_K, 0, 0, 1),
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_RET_K, errno(libc::EPERM)),
+    ]
+}
+
+/// `(which, who, ...)` calls: allowed for who 0 (the caller, its group) unless `which`
+/// names every process of a user.
+fn only_self_not_user(user: u32) -> Vec<libc::sock_filter> {
+    vec![
+        stmt(BPF_LD_W_ABS, off_arg_low(1)),
+        jump(BPF_JEQ_K, 0, 0, 3),
+        stmt(BPF_LD_W_ABS, off_arg_low(0)),
+        jump(BPF_JEQ_K, user, 1, 0),
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_RET_K, errno(libc::EPERM)),
+    ]
+}
+
 /// Metadata-writing syscalls read-only mode refuses.
 fn metadata_writes() -> Vec<i64> {
     let mut nrs = vec![
@@ -181,14 +240,23 @@ fn action(nr: i64, policy: FilterPolicy) -> Vec<libc::sock_filter> {
             stmt(BPF_RET_K, errno(libc::EPERM)),
         ];
     }
-    if nr == libc::SYS_prlimit64 {
-        // prlimit64(pid, ...): this process's own limits only (pid 0).
-        return vec![
-            stmt(BPF_LD_W_ABS, off_arg_low(0)),
-            jump(BPF_JEQ_K, 0, 0, 1),
-            stmt(BPF_RET_K, RET_ALLOW),
-            stmt(BPF_RET_K, errno(libc::EPERM)),
-        ];
+    if [
+        libc::SYS_prlimit64,
+        libc::SYS_sched_setscheduler,
+        libc::SYS_sched_setparam,
+        libc::SYS_sched_setattr,
+        libc::SYS_sched_setaffinity,
+    ]
+    .contains(&nr)
+    {
+        // (pid, ...): the caller's own limits and scheduling only (pid 0).
+        return only_self(0);
+    }
+    if nr == libc::SYS_setpriority {
+        return only_self_not_user(PRIO_USER);
+    }
+    if nr == libc::SYS_ioprio_set {
+        return only_self_not_user(IOPRIO_WHO_USER);
     }
     if nr == libc::SYS_socketpair && policy.deny_sockets {
         // socketpair(domain, type, ...): a stream pair only.
@@ -229,11 +297,18 @@ fn singled_out(policy: FilterPolicy) -> Vec<(u32, Vec<libc::sock_filter>)> {
     if policy.deny_sockets {
         nrs.extend([libc::SYS_socket, libc::SYS_socketpair]);
     }
+    nrs.extend(ipc());
     nrs.extend([
         libc::SYS_clone3,
         libc::SYS_clone,
         libc::SYS_ioctl,
         libc::SYS_prlimit64,
+        libc::SYS_sched_setscheduler,
+        libc::SYS_sched_setparam,
+        libc::SYS_sched_setattr,
+        libc::SYS_sched_setaffinity,
+        libc::SYS_setpriority,
+        libc::SYS_ioprio_set,
     ]);
     nrs.sort_unstable();
     nrs.dedup();
@@ -349,6 +424,7 @@ mod tests {
             };
             let prog = build(policy);
             let mut denied = always_denied();
+            denied.extend(ipc());
             if read_only {
                 denied.extend(metadata_writes());
             }
@@ -480,7 +556,7 @@ mod tests {
     }
 
     #[test]
-    fn prlimit_reaches_only_the_callers_own_limits() {
+    fn limits_and_scheduling_reach_only_the_caller_and_ipc_is_refused() {
         let prlimit = libc::SYS_prlimit64 as u32;
         for (read_only, deny_sockets) in
             [(false, false), (true, false), (false, true), (true, true)]
@@ -495,6 +571,28 @@ mod tests {
             }
             let getrlimit = libc::SYS_getrlimit as u32;
             assert_eq!(run(&prog, AUDIT_ARCH, getrlimit, [1, 0]), RET_ALLOW);
+            for nr in [
+                libc::SYS_sched_setscheduler,
+                libc::SYS_sched_setparam,
+                libc::SYS_sched_setattr,
+                libc::SYS_sched_setaffinity,
+            ] {
+                assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), RET_ALLOW);
+                assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [77, 0]), EPERM, "{nr}");
+            }
+            for (nr, user) in [
+                (libc::SYS_setpriority, PRIO_USER),
+                (libc::SYS_ioprio_set, IOPRIO_WHO_USER),
+            ] {
+                let nr = nr as u32;
+                assert_eq!(run(&prog, AUDIT_ARCH, nr, [0, 0]), RET_ALLOW); // itself
+                assert_eq!(run(&prog, AUDIT_ARCH, nr, [1, 0]), RET_ALLOW); // its group
+                assert_eq!(run(&prog, AUDIT_ARCH, nr, [0, 77]), EPERM);
+                assert_eq!(run(&prog, AUDIT_ARCH, nr, [user, 0]), EPERM);
+            }
+            for nr in ipc() {
+                assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), EPERM, "{nr}");
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ test could leave behind is killed in `finally`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import shutil
@@ -31,6 +32,7 @@ from shellseam import (
 )
 
 ROOT = os.geteuid() == 0
+PY = sys.executable
 needs_root = pytest.mark.skipif(not ROOT, reason="the attack needs a root harness")
 needs_landlock = pytest.mark.skipif(landlock_abi() < 6, reason="needs Landlock signal scoping")
 V2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
@@ -228,6 +230,68 @@ def test_confined_command_cannot_change_another_process_limits(
                 resource.prlimit(pid, resource.RLIMIT_CPU, limit)
         victim.kill()
         victim.wait()
+
+
+# Attack (red team, stop 17): no Landlock hook covers scheduling either: a read-only command
+# reniced a sibling call to 19, made it SCHED_IDLE, pinned it to one CPU and idled its I/O
+# (and, under an unprivileged harness, the harness itself and every process of its user).
+@needs_landlock
+def test_confined_command_cannot_reschedule_another_process(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = sandbox(box, svc, mode="read-only")
+    sibling = ex.start(ex.resolve(ShellExecRequest(command="echo $$; exec sleep 30")))
+    try:
+        deadline = time.monotonic() + 5
+        out = ""
+        while "\n" not in out and time.monotonic() < deadline:
+            out += sibling.read_output().delta
+            time.sleep(0.02)
+        victim = int(out)
+        affinity = os.sched_getaffinity(victim)
+        r = run(
+            ex,
+            f"renice -n 19 -p {victim}; chrt -i -p 0 {victim}; taskset -p 1 {victim}; "
+            f"ionice -c3 -p {victim}; renice -n 19 -u $(id -u); "
+            # What a command starts itself (pid 0) still works.
+            "nice -n 5 nice; taskset -c 0 true && ionice -c3 true && chrt -i 0 true && echo own",
+        )
+        assert r.stdout.text.splitlines()[-2:] == ["5", "own"], r.stdout.text + r.stderr.text
+        assert os.getpriority(os.PRIO_PROCESS, victim) == 0
+        assert os.sched_getscheduler(victim) == os.SCHED_OTHER
+        assert os.sched_getaffinity(victim) == affinity
+    finally:
+        sibling.kill()
+        assert sibling.wait_sync(10)
+
+
+# Attack (red team, stop 17): the IPC namespace is the host's. A read-only command wrote into
+# the harness's System V shared memory, took its queued message, removed its semaphore, and
+# left segments that outlived the call and its memory limit.
+@needs_landlock
+def test_confined_command_has_no_ipc(box: dict[str, str], svc: SubprocessService) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    shm = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    assert shm >= 0
+    addr = libc.shmat(shm, None, 0)
+    try:
+        ctypes.memmove(addr, b"harness-secret\0", 15)
+        for mode in ("read-only", "workspace-write"):
+            ex = sandbox(box, svc, mode=mode)
+            r = run(
+                ex,
+                f"ipcrm -m {shm}; "
+                + PY
+                + " -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                f"print(l.shmat({shm}, None, 0), l.shmget(0, 4096, 0o1600), "
+                "l.semget(0, 1, 0o1600), l.msgget(0, 0o1600), ctypes.get_errno())'",
+            )
+            assert r.stdout.text == "-1 -1 -1 -1 1\n", r.stdout.text + r.stderr.text
+            assert ctypes.string_at(addr, 15) == b"harness-secret\0"
+    finally:
+        libc.shmdt(ctypes.c_void_p(addr))
+        libc.shmctl(shm, 0, None)  # IPC_RMID
 
 
 # Attack: a workspace-write call plants a poisoned pip/npm/XDG cache; an escalated

@@ -484,8 +484,9 @@ def sandbox_facts() -> list[str]:
         + "), securebits locked, no_new_privs, no terminal, a seccomp filter (sockets and "
         "non-stream socketpairs refused when network=False; chmod/chown/utime/xattr/"
         "file-attribute writes refused in read-only; keyrings, io_uring, new namespaces, "
-        "clone(CLONE_PARENT), TIOCSTI/TIOCLINUX, prlimit64 on other processes always "
-        "refused; syscalls newer than the "
+        "clone(CLONE_PARENT), TIOCSTI/TIOCLINUX, System V IPC and POSIX message queues, "
+        "prlimit64 and the priority/scheduling calls on other processes always refused; "
+        "syscalls newer than the "
         "filter answer ENOSYS)",
         "harness protection: a SandboxShellExecutor makes the harness non-dumpable "
         f"(protect_harness=True; dumpable now: {native.harness_dumpable()})",
