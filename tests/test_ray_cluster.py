@@ -42,6 +42,7 @@ from shellseam import (  # noqa: E402
     render_result,
     task_tools,
 )
+from shellseam._bench.ray import ensure_ray_temp_root  # noqa: E402
 from shellseam.ray import RayShellExecutor  # noqa: E402
 from shellseam.ray import node as ray_node  # noqa: E402
 from shellseam.ray.executor import alive_nodes  # noqa: E402
@@ -72,23 +73,29 @@ def cluster() -> Iterator[LocalCluster]:
     # module is done, so that no Ray driver threads run under the other tests.
     # Ray's sockets live under its temp dir, whose path must stay short.
     temp_dir = tempfile.mkdtemp(prefix="ssray-", dir="/tmp")
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "include_dashboard": False,
-            "_system_config": SYSTEM_CONFIG,
-            "temp_dir": temp_dir,
-        },
-    )
+    # On a machine that never ran Ray, Cluster failed: it records its address in /tmp/ray.
+    made = ensure_ray_temp_root()
     try:
-        workers = [c.add_node(num_cpus=1) for _ in range(2)]
-        ray.init(address=c.address, log_to_driver=False, namespace="shellseam-tests")
-        yield LocalCluster(c, workers)
+        c = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": False,
+                "_system_config": SYSTEM_CONFIG,
+                "temp_dir": temp_dir,
+            },
+        )
+        try:
+            workers = [c.add_node(num_cpus=1) for _ in range(2)]
+            ray.init(address=c.address, log_to_driver=False, namespace="shellseam-tests")
+            yield LocalCluster(c, workers)
+        finally:
+            ray.shutdown()
+            c.shutdown()
     finally:
-        ray.shutdown()
-        c.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -53,17 +55,39 @@ def _cluster(address: str | None) -> Iterator[list[str]]:
         return
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
+    made = ensure_ray_temp_root()
     try:
-        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-        ray.init(address=cluster.address, log_to_driver=False)
-        yield [w.node_id for w in workers]
+        cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+        )
+        try:
+            workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+            ray.init(address=cluster.address, log_to_driver=False)
+            yield [w.node_id for w in workers]
+        finally:
+            ray.shutdown()
+            shutdown: Callable[[], None] = cluster.shutdown  # untyped in Ray
+            shutdown()
     finally:
-        ray.shutdown()
-        shutdown: Callable[[], None] = cluster.shutdown  # untyped in Ray
-        shutdown()
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def ensure_ray_temp_root() -> str | None:
+    """Creates Ray's default temp root (``/tmp/ray``) when it does not exist yet, and returns
+    it then (None: it was there). A ``ray.cluster_utils.Cluster`` records the newest cluster's
+    address in it even when its nodes get another ``temp_dir``, and fails with
+    ``FileNotFoundError`` on a machine that never ran Ray."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+
+        root: str = get_default_ray_temp_dir()  # type: ignore[no-untyped-call]
+    except ImportError:  # another Ray release: its default
+        root = os.path.join(tempfile.gettempdir(), "ray")
+    if os.path.isdir(root):
+        return None
+    os.makedirs(root, exist_ok=True)
+    return root
 
 
 def run(
