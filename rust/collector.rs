@@ -54,6 +54,9 @@ pub struct Delta {
     pub text: String,
     pub lossy: bool,
     pub spill_path: Option<PathBuf>,
+    /// The spill file stopped short of the stream (its cap, or the service's total): it
+    /// holds only the stream's head.
+    pub spill_truncated: bool,
 }
 
 impl Collector {
@@ -232,6 +235,7 @@ impl Collector {
             text,
             lossy,
             spill_path: self.spill_path.clone(),
+            spill_truncated: self.spill_truncated,
         }
     }
 

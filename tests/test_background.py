@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -14,6 +15,7 @@ from shellseam import (
     ShellProcess,
     SubprocessService,
 )
+from shellseam.render import render_lossy_markers
 
 
 def start(ex: LocalShellExecutor, command: str, **fields: object) -> ShellProcess:
@@ -51,6 +53,30 @@ def test_lossy_read_points_at_spill(service: SubprocessService) -> None:
     assert len(r.delta.encode()) <= 1000 and r.delta.endswith("10000\n")
     with open(r.stdout_spill_path) as f:
         assert f.read() == "".join(f"{i}\n" for i in range(1, 10001))
+
+
+# Red team (stop 17): a lossy background read said "full output: <path>" of a spill file that
+# had stopped at its cap (1 MiB of a 3.3 MB stream), or of an empty one once the service's
+# spill total was used up; the foreground result says "first <n> bytes saved" for the same.
+def test_lossy_read_of_a_capped_spill_says_only_the_head_was_saved(
+    service: SubprocessService,
+) -> None:
+    ex = LocalShellExecutor(max_output_bytes=1000, max_spill_bytes=2**20, service=service)
+    p = start(ex, "seq 1 500000")
+    assert p.wait_sync(10)
+    r = p.read_output()
+    assert r.lossy and r.stdout_spill_truncated and not r.stderr_spill_truncated
+    assert r.stdout_spill_path is not None
+    assert os.path.getsize(r.stdout_spill_path) == 2**20
+    assert render_lossy_markers(
+        r.lossy, r.stdout_spill_path, r.stderr_spill_path, r.stdout_spill_truncated
+    ) == [
+        f"[some output was dropped from memory; first {2**20} bytes saved: {r.stdout_spill_path}]"
+    ]
+    uncapped = LocalShellExecutor(max_output_bytes=1000, service=service)
+    q = start(uncapped, "seq 1 10000")
+    assert q.wait_sync(10)
+    assert not q.read_output().stdout_spill_truncated
 
 
 def test_kill_is_idempotent_and_status_killed(ex: LocalShellExecutor) -> None:

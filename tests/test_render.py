@@ -143,6 +143,11 @@ def test_background_strings() -> None:
     assert render_lossy_markers(True, None, None) == [
         "[some output was dropped from memory; full output unavailable]"
     ]
+    # A spill file that stopped at its cap holds only the head; one already gone cannot be
+    # offered at all.
+    assert render_lossy_markers(True, "/nonexistent/spill", None, True) == [
+        "[some output was dropped from memory; full output unavailable]"
+    ]
 
 
 def test_join_parts() -> None:

@@ -133,6 +133,9 @@ class ReadDelta:
     @property
     def spill_path(self) -> str | None:
         """The stream's spill file, where dropped bytes can still be read."""
+    @property
+    def spill_truncated(self) -> bool:
+        """The spill file stopped short of the stream: it holds only its head."""
 
 @final
 class Finished:

@@ -124,6 +124,8 @@ class ShellProcess:
             # reader renders names a stream that really dropped something.
             stdout_spill_path=out.spill_path if out.lossy else None,
             stderr_spill_path=err.spill_path if err.lossy else None,
+            stdout_spill_truncated=out.lossy and out.spill_truncated,
+            stderr_spill_truncated=err.lossy and err.spill_truncated,
         )
 
     # -- control -----------------------------------------------------------------------

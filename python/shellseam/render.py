@@ -71,13 +71,22 @@ def _truncation_marker(stream: CollectedOutput) -> str:
         return "[output truncated; full output unavailable]"
     if not stream.spill_truncated:
         return f"[output truncated; full output: {stream.spill_path}]"
-    # The result does not carry the spill cap, so the saved head's size is read from the
-    # file itself; a spill file that is already gone cannot be offered to the model.
-    try:
-        saved_bytes = os.stat(stream.spill_path).st_size
-    except OSError:
+    saved = _saved_head(stream.spill_path)
+    if saved is None:
         return "[output truncated; full output unavailable]"
-    return f"[output truncated; first {saved_bytes} bytes saved: {stream.spill_path}]"
+    return f"[output truncated; {saved}]"
+
+
+def _saved_head(spill_path: str) -> str | None:
+    """``first <n> bytes saved: <path>`` for a spill file that holds only the stream's head;
+    None when the file is already gone (it cannot be offered to the model)."""
+    # The result does not carry the spill cap, so the saved head's size is read from the
+    # file itself.
+    try:
+        saved_bytes = os.stat(spill_path).st_size
+    except OSError:
+        return None
+    return f"first {saved_bytes} bytes saved: {spill_path}"
 
 
 def _exit_status_marker(
@@ -221,19 +230,36 @@ def render_termination(exit_code: int | None, signal: str | None) -> str:
 
 
 def render_lossy_markers(
-    lossy: bool, stdout_spill_path: str | None, stderr_spill_path: str | None
+    lossy: bool,
+    stdout_spill_path: str | None,
+    stderr_spill_path: str | None,
+    stdout_spill_truncated: bool = False,
+    stderr_spill_truncated: bool = False,
 ) -> list[str]:
     """One marker per spilled stream of a lossy background read (stdout first).
 
     A lossy read whose streams left no spill file still says that output was dropped, so
-    the loss is never silent.
+    the loss is never silent; a spill file that holds only the stream's head (its cap was
+    reached) is offered as such, as in a foreground result, never as the full output.
     """
     if not lossy:
         return []
-    paths = [p for p in (stdout_spill_path, stderr_spill_path) if p is not None]
-    if not paths:
+    streams = [
+        (path, truncated)
+        for path, truncated in (
+            (stdout_spill_path, stdout_spill_truncated),
+            (stderr_spill_path, stderr_spill_truncated),
+        )
+        if path is not None
+    ]
+    if not streams:
         return ["[some output was dropped from memory; full output unavailable]"]
-    return [f"[some output was dropped from memory; full output: {p}]" for p in paths]
+    dropped = "[some output was dropped from memory; "
+    markers = []
+    for path, truncated in streams:
+        saved = _saved_head(path) if truncated else f"full output: {path}"
+        markers.append(dropped + (saved or "full output unavailable") + "]")
+    return markers
 
 
 def render_delta(stdout: str, stderr: str) -> str:
@@ -286,7 +312,13 @@ def render_task_read(read: TaskRead) -> str:
     termination = render_termination(read.exit_code, read.signal)
     if termination:
         status += f", {termination}"
-    markers = render_lossy_markers(read.lossy, read.stdout_spill_path, read.stderr_spill_path)
+    markers = render_lossy_markers(
+        read.lossy,
+        read.stdout_spill_path,
+        read.stderr_spill_path,
+        read.stdout_spill_truncated,
+        read.stderr_spill_truncated,
+    )
     return join_parts([status, read.delta, *markers])
 
 

@@ -77,6 +77,9 @@ class TaskRead:
     lossy: bool
     stdout_spill_path: str | None = None
     stderr_spill_path: str | None = None
+    # Not in SPEC: as on ``ShellProcessRead``, the spill file holds only the stream's head.
+    stdout_spill_truncated: bool = False
+    stderr_spill_truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,8 @@ class TaskRuntime:
             lossy=out.lossy,
             stdout_spill_path=out.stdout_spill_path,
             stderr_spill_path=out.stderr_spill_path,
+            stdout_spill_truncated=out.stdout_spill_truncated,
+            stderr_spill_truncated=out.stderr_spill_truncated,
         )
 
     async def wait(self, task_id: str, owner: str, timeout_ms: float | None = None) -> bool:

@@ -169,3 +169,7 @@ class ShellProcessRead:
     lossy: bool
     stdout_spill_path: str | None = None
     stderr_spill_path: str | None = None
+    # Not in SPEC: the named spill file holds only the stream's head (its cap was reached),
+    # so the lossy marker says how much was saved instead of promising the full output.
+    stdout_spill_truncated: bool = False
+    stderr_spill_truncated: bool = False

@@ -85,6 +85,7 @@ pub struct ReadDelta {
     pub text: String,
     pub lossy: bool,
     pub spill_path: Option<String>,
+    pub spill_truncated: bool,
 }
 
 impl From<Delta> for ReadDelta {
@@ -93,6 +94,7 @@ impl From<Delta> for ReadDelta {
             text: d.text,
             lossy: d.lossy,
             spill_path: path_str(d.spill_path),
+            spill_truncated: d.spill_truncated,
         }
     }
 }
