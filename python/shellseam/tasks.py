@@ -181,8 +181,9 @@ class TaskRuntime:
             lossy=out.lossy,
             stdout_spill_path=out.stdout_spill_path,
             stderr_spill_path=out.stderr_spill_path,
-            stdout_spill_truncated=out.stdout_spill_truncated,
-            stderr_spill_truncated=out.stderr_spill_truncated,
+            # Other kinds of handle may not say (the protocol predates these two).
+            stdout_spill_truncated=bool(getattr(out, "stdout_spill_truncated", False)),
+            stderr_spill_truncated=bool(getattr(out, "stderr_spill_truncated", False)),
         )
 
     async def wait(self, task_id: str, owner: str, timeout_ms: float | None = None) -> bool:
