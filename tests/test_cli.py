@@ -401,6 +401,72 @@ def test_clean_leaves_what_is_not_a_spill_folder_of_ours(tmp_path: Path) -> None
     assert (cli_dir / "notes").is_dir() and (cli_dir / "shellseam-link").is_symlink()
 
 
+# Red team (stop 17): /var/tmp is everyone's. Another local user made the victim's fallback
+# folder, /var/tmp/shellseam-<uid>, with `cli` a symlink to the victim's own cache, and the
+# victim's `shellseam clean --all` removed the spill folders of its running services.
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder of another user needs root")
+def test_clean_never_sweeps_a_fallback_folder_someone_else_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shellseam import paths
+
+    live = tmp_path / "cache" / "shellseam"
+    (live / "shellseam-live").mkdir(parents=True)
+    planted = tmp_path / "vartmp" / "shellseam-0"
+    planted.mkdir(parents=True)
+    (planted / "cli").symlink_to(live)
+    os.chown(planted, 65534, 65534)
+    monkeypatch.setattr(paths, "_outside_parent", lambda: str(planted))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert str(planted / "cli") not in paths.cli_spill_parents()
+    os.chown(planted, 0, 0)  # ours now, but `cli` is still a symlink
+    assert str(planted / "cli") not in paths.cli_spill_parents()
+    (planted / "cli").unlink()
+    (planted / "cli").mkdir(mode=0o700)
+    assert str(planted / "cli") in paths.cli_spill_parents()
+    assert (live / "shellseam-live").is_dir()
+
+
+# Red team (stop 17): a workspace-write command can chmod the spill parents (Landlock has no
+# right for it); a parent others may write let them swap spill folders under a printed path.
+def test_a_spill_parent_others_could_write_is_made_private_again(tmp_path: Path) -> None:
+    from shellseam.service import _private_dir
+
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(0o777)
+    assert _private_dir(str(parent))
+    assert parent.stat().st_mode & 0o777 == 0o700
+    link = tmp_path / "link"
+    link.symlink_to(parent)
+    assert not _private_dir(str(link))  # a symlink is never a private folder
+
+
+# Red team (stop 17): an output that could not be written (the reader left, fd 1 closed, a
+# full disk) ended `shellseam run` with a Python traceback.
+@pytest.mark.parametrize(
+    ("shell", "code"),
+    [
+        ("{cli} run --stream -- yes | head -c 10 >/dev/null; exit ${{PIPESTATUS[0]}}", 141),
+        ("{cli} run -- 'echo hi' >&-", 0),
+        ("{cli} run --stream -- 'echo hi' >&-", 0),
+        ("{cli} run --json -- 'echo hi' >/dev/full", 125),
+    ],
+)
+def test_output_that_cannot_be_written_is_no_traceback(shell: str, code: int) -> None:
+    command = " ".join(CLI)
+    p = subprocess.run(
+        ["bash", "-c", shell.format(cli=command)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == code, p.stderr
+    assert len(p.stderr.splitlines()) <= 1, p.stderr
+
+
 def test_a_workspace_holding_the_cache_gets_its_spill_files_elsewhere(tmp_path: Path) -> None:
     # cwd = the workspace root of a workspace-write call; the default spill parent lies in
     # it (the usual case of a shell in ~): the spill files must go where it cannot write.

@@ -10,9 +10,11 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import resource
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -427,12 +429,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         # exits 2, as argparse does for any other missing argument.
         sys.stdout.write(parser.format_help())
         return EXIT_USAGE
+    if sys.stdout is None:  # started with fd 1 closed: the output goes nowhere
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
     try:
         return _HANDLERS[args.cmd](args)
     except MissingExtra as err:
         return fail(EXIT_USAGE, str(err))
     except KeyboardInterrupt:
         return 128 + 2
+    except BrokenPipeError:
+        # `shellseam run -- yes | head`: the reader left, as SIGPIPE would end a command
+        # (the call is already killed and cleaned up); nothing more can be said on stdout.
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
+    except OSError as err:
+        # The output could not be written (a full disk, /dev/full).
+        _discard_stdout()
+        return fail(EXIT_INFRASTRUCTURE, f"cannot write the output: {err.strerror or err}")
+
+
+def _discard_stdout() -> None:
+    """Points stdout at /dev/null, so that the interpreter's last flush cannot fail too."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .service import _private_dir, default_spill_parent
+from .service import _owned_dir, _private_dir, default_spill_parent
 
 
 def _inside(path: str, root: str) -> bool:
@@ -48,7 +48,9 @@ def cli_spill_parents() -> list[str]:
     """Every folder ``shellseam run`` may have kept spill files in (for ``shellseam clean``)."""
     parents = [cli_spill_parent()]
     other = os.path.join(_outside_parent(), "cli")
-    if other not in parents and os.path.isdir(other):
+    # /var/tmp is everyone's: only a fallback that is ours all the way down (never a folder
+    # or a symlink someone else made there, which could point clean at live spill files).
+    if other not in parents and _owned_dir(_outside_parent()) and _owned_dir(other):
         parents.append(other)
     return parents
 

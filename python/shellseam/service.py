@@ -19,7 +19,6 @@ import concurrent.futures
 import logging
 import os
 import signal
-import stat
 import sys
 import tempfile
 import threading
@@ -272,13 +271,34 @@ class _LoopWaiters:
 
 
 def _private_dir(path: str) -> bool:
-    """Creates ``path`` (0700) if needed; True when it is a real directory of ours."""
+    """Creates ``path`` (0700) if needed; True when it is a real directory of ours (made
+    private again when others could write it: a workspace-write command may chmod it)."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+    return _owned_dir(path, repair=True)
+
+
+def _owned_dir(path: str, *, repair: bool = False) -> bool:
+    """Whether ``path`` is a real directory (not a symlink) owned by us that no one else may
+    write; ``repair`` takes group and other write access away from one of ours first."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return False
+        if st.st_mode & 0o022 and repair:
+            os.fchmod(fd, 0o700)
+            st = os.fstat(fd)
+        return not st.st_mode & 0o022 and os.access(path, os.W_OK)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def default_spill_parent() -> str:
