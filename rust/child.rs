@@ -51,8 +51,14 @@ pub(crate) struct ChildConfinement {
 
 impl ChildConfinement {
     /// `bounding_set_cleared`: the spawning thread already dropped the bounding set and
-    /// locked the securebits (see `spawner.rs`), so the child inherits them.
-    pub(crate) fn from_plan(confinement: Option<&Confinement>, bounding_set_cleared: bool) -> Self {
+    /// locked the securebits (see `spawner.rs`), so the child inherits them;
+    /// `filter_inherited`: it carries the filter's base layer, so the child adds only the
+    /// `clone3` layer.
+    pub(crate) fn from_plan(
+        confinement: Option<&Confinement>,
+        bounding_set_cleared: bool,
+        filter_inherited: bool,
+    ) -> Self {
         let mut c = Self {
             active: false,
             privileged: false,
@@ -73,7 +79,7 @@ impl ChildConfinement {
             c.privileged = conf.caps.can_setpcap && !bounding_set_cleared;
             c.last_cap = conf.caps.last_cap;
             c.landlock_fd = conf.landlock_fd();
-            c.filter = conf.filter_prog();
+            c.filter = conf.filter_prog(filter_inherited);
         }
         c
     }

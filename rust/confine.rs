@@ -5,7 +5,9 @@
 //! drop the capability bounding set and lock the securebits (both need `CAP_SETPCAP`, so
 //! they come first), clear the ambient set, clear effective/permitted/inheritable with
 //! `capset`, set `no_new_privs`, enforce the Landlock ruleset, install the seccomp filter
-//! (last, so that none of the setup syscalls is filtered), then `execve`.
+//! (last, so that none of the setup syscalls is filtered), then `execve`. A child of a
+//! confined spawner thread (`spawner.rs`) inherits the thread's empty bounding set, locked
+//! securebits and the filter's base layer, and installs only the `clone3` layer.
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
@@ -79,7 +81,12 @@ pub fn capability_facts() -> CapabilityFacts {
 #[derive(Debug)]
 pub struct Confinement {
     pub landlock: LandlockRuleset,
+    /// What the filter refuses: confined spawner threads are per policy (`spawner.rs`).
+    pub filter_policy: FilterPolicy,
+    /// The whole filter, for a child that inherits none.
     filter: Vec<libc::sock_filter>,
+    /// The `clone3` layer, for a child that inherits the base layer from its spawner.
+    clone3_layer: Vec<libc::sock_filter>,
     pub caps: CapabilityFacts,
 }
 
@@ -103,13 +110,15 @@ impl Confinement {
         // The child overwrites fd 3 with a long command's script before it enforces the
         // ruleset: keep the ruleset fd above it.
         landlock.fd = crate::pipes::above_stdio(landlock.fd).map_err(BuildError::Io)?;
-        let filter = seccomp::build(FilterPolicy {
+        let filter_policy = FilterPolicy {
             read_only,
             deny_sockets: !network,
-        });
+        };
         Ok(Self {
             landlock,
-            filter,
+            filter_policy,
+            filter: seccomp::build(filter_policy),
+            clone3_layer: seccomp::clone3_layer(),
             // Read at each build (not once per process): a harness that dropped privileges
             // since gets a plan that no longer needs them.
             caps: read_facts(),
@@ -128,11 +137,18 @@ impl Confinement {
         self.landlock.fd.as_raw_fd()
     }
 
-    /// The filter as the `sock_fprog` seccomp(2) takes; valid while `self` lives.
-    pub fn filter_prog(&self) -> libc::sock_fprog {
+    /// The filter the child installs as the `sock_fprog` seccomp(2) takes, valid while
+    /// `self` lives: the whole filter, or only the `clone3` layer when the spawning thread
+    /// carries the base layer (`base_inherited`).
+    pub fn filter_prog(&self, base_inherited: bool) -> libc::sock_fprog {
+        let filter = if base_inherited {
+            &self.clone3_layer
+        } else {
+            &self.filter
+        };
         libc::sock_fprog {
-            len: self.filter.len() as libc::c_ushort,
-            filter: self.filter.as_ptr() as *mut libc::sock_filter,
+            len: filter.len() as libc::c_ushort,
+            filter: filter.as_ptr() as *mut libc::sock_filter,
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct SpawnPlan {
     /// The spawning thread's bounding set is already empty and its securebits locked (the
     /// confined spawner, see `spawner.rs`): the child inherits both instead of dropping.
     pub bounding_set_cleared: bool,
+    /// The spawning thread carries the base layer of the confinement's seccomp filter (the
+    /// confined spawner): the child installs only the `clone3` layer.
+    pub filter_inherited: bool,
 }
 
 impl SpawnPlan {
@@ -66,6 +69,7 @@ impl SpawnPlan {
             join_cgroups: Vec::new(),
             rlimits: Vec::new(),
             bounding_set_cleared: false,
+            filter_inherited: false,
         }
     }
 
@@ -194,6 +198,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         confine: ChildConfinement::from_plan(
             plan.confinement.as_deref(),
             plan.bounding_set_cleared,
+            plan.filter_inherited,
         ),
         contain: ChildContain::new(&plan.join_cgroups, &plan.rlimits),
     };

@@ -1,35 +1,62 @@
-//! The confined spawner: one thread per service that spawns the confined children of a
-//! privileged harness, its own capability bounding set already empty and its securebits
-//! already locked.
+//! The confined spawners: one thread per service and seccomp policy that spawns the
+//! confined children, carrying on itself what those children would otherwise set up one by
+//! one and inherit from it instead.
 //!
-//! A confined child of a harness holding `CAP_SETPCAP` must clear its bounding set, one
-//! `PR_CAPBSET_DROP` per capability: 41 credential commits, ~70 us measured here per spawn,
-//! more than anything else the sandbox adds. Both the bounding set and the securebits are
-//! per-thread credentials that a child inherits, so this thread drops and locks them once,
-//! when it starts, and every child it clones starts with them; the child still empties its
-//! effective, permitted, inheritable and ambient sets itself (one `capset`, one `prctl`).
-//! The thread never runs Python and never execs: only its children see these credentials.
-//! Handing a spawn to it and back costs two thread wake-ups, a fraction of the drops saved.
+//! - The seccomp filter's base layer (see `seccomp.rs`): the kernel copies, checks and
+//!   JIT-compiles a filter at every install, ~125 us for the whole filter here; a child of
+//!   this thread inherits the base and installs only the four-instruction `clone3` layer
+//!   (~35 us). The thread sets `no_new_privs` first (filters need it, or CAP_SYS_ADMIN); it
+//!   never execs, so nothing else changes for it.
+//! - For a harness holding `CAP_SETPCAP`: an empty bounding set and locked securebits,
+//!   per-thread credentials a child inherits, where a child clearing its bounding set makes
+//!   41 `PR_CAPBSET_DROP` calls (~70 us of credential commits).
+//!
+//! The child still empties its effective, permitted, inheritable and ambient sets, enforces
+//! Landlock and installs the `clone3` layer itself. The thread never runs Python and never
+//! execs: only its children see its credentials and filter, and every syscall it makes
+//! (pipes, fcntl, mmap, clone3, futex) is one the base layer allows. Handing a spawn to it
+//! and back costs two thread wake-ups, a fraction of what it saves.
 
-use std::sync::mpsc;
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::confine::LOCKED_SECUREBITS;
 use crate::errors::{SpawnError, SpawnStage};
+use crate::seccomp::{self, FilterPolicy};
 use crate::spawn::{spawn, SpawnPlan, Spawned};
 use crate::sys::lock;
 
-type Reply = mpsc::SyncSender<Result<Spawned, SpawnError>>;
+/// One caller's answer: filled by the thread, waited for by the caller.
+#[derive(Default)]
+struct Reply {
+    result: Mutex<Option<Result<Spawned, SpawnError>>>,
+    filled: Condvar,
+}
+
+/// The job queue; `open == false` once the spawner is stopped.
+struct Queue {
+    jobs: VecDeque<(SpawnPlan, Arc<Reply>)>,
+    open: bool,
+}
+
+/// The queue and the condition its thread sleeps on; both sides sleep on a futex at once
+/// (a channel that spins before parking burns CPU the child itself needs).
+struct Shared {
+    queue: Mutex<Queue>,
+    queued: Condvar,
+}
 
 /// The thread and its job queue.
 pub struct ConfinedSpawner {
-    jobs: Mutex<Option<mpsc::Sender<(SpawnPlan, Reply)>>>,
+    shared: Arc<Shared>,
+    /// The thread cleared its bounding set (the harness holds `CAP_SETPCAP`).
+    bounding_set_cleared: bool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Clears the calling thread's bounding set (capabilities `0..=last_cap`) and locks its
-/// securebits; false if the kernel refused any step (the thread is then of no use).
+/// securebits; false if the kernel refused any step.
 fn drop_for_children(last_cap: i32) -> bool {
     for cap in 0..=last_cap {
         // SAFETY: prctl with integer arguments only.
@@ -41,22 +68,76 @@ fn drop_for_children(last_cap: i32) -> bool {
     unsafe { libc::prctl(libc::PR_SET_SECUREBITS, LOCKED_SECUREBITS, 0, 0, 0) == 0 }
 }
 
+/// Sets `no_new_privs` on the calling thread and installs the base layer of `policy`'s
+/// filter on it; false if the kernel refused either.
+fn carry_base_filter(policy: FilterPolicy) -> bool {
+    let base = seccomp::build_base(policy);
+    let prog = libc::sock_fprog {
+        len: base.len() as libc::c_ushort,
+        filter: base.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with integer arguments; seccomp(SECCOMP_SET_MODE_FILTER, 0, prog) reads
+    // the program, which `base` keeps alive for the call (the kernel copies it).
+    unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::syscall(
+                libc::SYS_seccomp,
+                1u32,
+                0u32,
+                &prog as *const libc::sock_fprog,
+            ) == 0
+    }
+}
+
+/// The thread's loop: one spawn at a time until the queue is closed and empty.
+fn serve(shared: &Shared) {
+    loop {
+        let (plan, reply) = {
+            let mut queue = lock(&shared.queue);
+            loop {
+                if let Some(job) = queue.jobs.pop_front() {
+                    break job;
+                }
+                if !queue.open {
+                    return;
+                }
+                queue = shared
+                    .queued
+                    .wait(queue)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+        };
+        // A panic must not leave the caller waiting for an answer that never comes.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spawn(&plan)))
+            .unwrap_or_else(|_| Err(SpawnError::new(SpawnStage::Clone, libc::EIO)));
+        *lock(&reply.result) = Some(result);
+        reply.filled.notify_one();
+    }
+}
+
 impl ConfinedSpawner {
-    /// Starts the thread; None when it could not be started or could not drop the
-    /// privileges (the caller's children then drop them themselves).
-    pub fn start(last_cap: i32) -> Option<Self> {
-        let (jobs, queue) = mpsc::channel::<(SpawnPlan, Reply)>();
+    /// Starts the thread for `policy` (`last_cap`: the harness holds `CAP_SETPCAP`, so the
+    /// thread clears its bounding set too); None when it could not be started or the kernel
+    /// refused a step (the caller's children then do everything themselves).
+    pub fn start(policy: FilterPolicy, last_cap: Option<i32>) -> Option<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                open: true,
+            }),
+            queued: Condvar::new(),
+        });
         let (ready_tx, ready) = mpsc::sync_channel(1);
+        let theirs = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("shellseam-spawn".into())
             .spawn(move || {
-                let ok = drop_for_children(last_cap);
+                // Capabilities first: the filter's no_new_privs does not stop the drops,
+                // but nothing after the filter should depend on what it allows.
+                let ok = last_cap.is_none_or(drop_for_children) && carry_base_filter(policy);
                 let _ = ready_tx.send(ok);
-                if !ok {
-                    return;
-                }
-                for (plan, reply) in queue {
-                    let _ = reply.send(spawn(&plan));
+                if ok {
+                    serve(&theirs);
                 }
             })
             .ok()?;
@@ -65,31 +146,42 @@ impl ConfinedSpawner {
             return None;
         }
         Some(Self {
-            jobs: Mutex::new(Some(jobs)),
+            shared,
+            bounding_set_cleared: last_cap.is_some(),
             thread: Mutex::new(Some(thread)),
         })
     }
 
-    /// Spawns `plan` on the thread (its children inherit the dropped bounding set and the
-    /// locked securebits: `plan.bounding_set_cleared` is set) and waits for the result.
+    /// Spawns `plan` on the thread (its children inherit the base filter and, for a
+    /// privileged harness, the dropped bounding set and locked securebits) and waits.
     pub fn spawn(&self, mut plan: SpawnPlan) -> Result<Spawned, SpawnError> {
-        plan.bounding_set_cleared = true;
-        let (reply, answer) = mpsc::sync_channel(1);
-        let sent = match lock(&self.jobs).as_ref() {
-            Some(jobs) => jobs.send((plan, reply)).is_ok(),
-            None => false,
-        };
-        if !sent {
-            return Err(SpawnError::new(SpawnStage::Clone, libc::ESRCH));
+        plan.filter_inherited = true;
+        plan.bounding_set_cleared = self.bounding_set_cleared;
+        let reply = Arc::new(Reply::default());
+        {
+            let mut queue = lock(&self.shared.queue);
+            if !queue.open {
+                return Err(SpawnError::new(SpawnStage::Clone, libc::ESRCH));
+            }
+            queue.jobs.push_back((plan, Arc::clone(&reply)));
         }
-        answer
-            .recv()
-            .unwrap_or_else(|_| Err(SpawnError::new(SpawnStage::Clone, libc::ESRCH)))
+        self.shared.queued.notify_one();
+        let mut result = lock(&reply.result);
+        loop {
+            if let Some(done) = result.take() {
+                return done;
+            }
+            result = reply
+                .filled
+                .wait(result)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
     }
 
     /// Ends the thread (after the spawns already queued).
     pub fn stop(&self) {
-        drop(lock(&self.jobs).take());
+        lock(&self.shared.queue).open = false;
+        self.shared.queued.notify_one();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
         }
@@ -101,24 +193,26 @@ mod tests {
     use super::*;
     use std::ffi::CString;
 
-    /// The bounding set line of /proc/<pid>/status.
-    fn cap_bnd(pid: i32) -> String {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
+    /// One line of a status file (`/proc/<pid>/status`), by its key.
+    fn status_line(path: &str, key: &str) -> String {
+        std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
-            .find(|l| l.starts_with("CapBnd:"))
+            .find(|l| l.starts_with(key))
             .unwrap_or_default()
             .to_string()
     }
 
     #[test]
-    fn children_of_the_spawner_start_without_a_bounding_set() {
+    fn children_of_the_spawner_inherit_its_filter_and_bounding_set() {
         let facts = crate::confine::capability_facts();
-        if !facts.can_setpcap {
-            return; // an unprivileged harness has nothing to drop
-        }
-        let Some(spawner) = ConfinedSpawner::start(facts.last_cap) else {
-            panic!("a harness with CAP_SETPCAP starts the spawner");
+        let last_cap = facts.can_setpcap.then_some(facts.last_cap);
+        let policy = FilterPolicy {
+            read_only: true,
+            deny_sockets: true,
+        };
+        let Some(spawner) = ConfinedSpawner::start(policy, last_cap) else {
+            panic!("the spawner starts (no_new_privs and a filter need no privilege)");
         };
         let c = |s: &str| CString::new(s).unwrap();
         let plan = SpawnPlan::new(
@@ -128,18 +222,29 @@ mod tests {
             c("/"),
         );
         let child = spawner.spawn(plan).expect("spawn");
-        let bnd = cap_bnd(child.pid);
+        let status = format!("/proc/{}/status", child.pid);
+        let (bnd, filters, nnp) = (
+            status_line(&status, "CapBnd:"),
+            status_line(&status, "Seccomp_filters:"),
+            status_line(&status, "NoNewPrivs:"),
+        );
         // SAFETY: kills and reaps our own child.
         unsafe {
             libc::kill(child.pid, libc::SIGKILL);
         }
         crate::sys::reap_blocking(child.pid);
         spawner.stop();
-        assert_eq!(bnd, "CapBnd:\t0000000000000000");
-        // This thread (the caller's) keeps its own.
-        assert_ne!(
-            cap_bnd(std::process::id() as i32),
-            "CapBnd:\t0000000000000000"
-        );
+        assert_eq!(filters, "Seccomp_filters:\t1"); // the base layer, inherited
+        assert_eq!(nnp, "NoNewPrivs:\t1");
+        if last_cap.is_some() {
+            assert_eq!(bnd, "CapBnd:\t0000000000000000");
+        }
+        // This thread (the caller's) keeps its own: no filter, its bounding set.
+        let mine = "/proc/thread-self/status";
+        assert_eq!(status_line(mine, "Seccomp:"), "Seccomp:\t0");
+        assert_eq!(status_line(mine, "NoNewPrivs:"), "NoNewPrivs:\t0");
+        if last_cap.is_some() {
+            assert_ne!(status_line(mine, "CapBnd:"), "CapBnd:\t0000000000000000");
+        }
     }
 }

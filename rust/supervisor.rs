@@ -26,6 +26,7 @@ use crate::keeper::Keeper;
 use crate::lifecycle::{self, Timers};
 use crate::pipes::{Drain, READ_CHUNK};
 use crate::process::{Proc, ProcConfig};
+use crate::seccomp::FilterPolicy;
 use crate::spawn::{spawn, SpawnPlan, Spawned};
 use crate::spawner::ConfinedSpawner;
 use crate::spill::SpillDir;
@@ -76,9 +77,9 @@ pub(crate) struct Shared {
     keeper: Mutex<KeeperSlot>,
     /// Settled calls whose orphans a subreaper harness may still have to reap.
     adopted: Mutex<Adopted>,
-    /// The thread that spawns confined children of a privileged harness (see
-    /// `spawner.rs`), started on the first such spawn; None: it could not be started.
-    confined_spawner: OnceLock<Option<ConfinedSpawner>>,
+    /// The threads that spawn confined children, one per filter policy (see `spawner.rs`),
+    /// each started on the first spawn of its policy; None: it could not be started.
+    confined_spawners: Mutex<HashMap<FilterPolicy, Option<Arc<ConfinedSpawner>>>>,
 }
 
 /// A subprocess service: the supervisor thread plus every process it owns.
@@ -156,7 +157,7 @@ impl Service {
                 releases: Mutex::new(Vec::new()),
                 keeper: Mutex::new(KeeperSlot::default()),
                 adopted: Mutex::new(Adopted::default()),
-                confined_spawner: OnceLock::new(),
+                confined_spawners: Mutex::new(HashMap::new()),
             }),
             thread: Mutex::new(None),
         })
@@ -323,17 +324,21 @@ impl Service {
         Ok(proc)
     }
 
-    /// Spawns `plan` here, or a confined child of a privileged harness on the confined
-    /// spawner (so that it inherits an empty bounding set instead of clearing it).
+    /// Spawns `plan` here, or a confined child on the confined spawner of its filter policy
+    /// (which carries the filter's base layer and, for a privileged harness, an empty
+    /// bounding set, for the child to inherit). A spawner that cannot be had: here.
     fn spawn_child(&self, plan: &mut SpawnPlan) -> Result<Spawned, SpawnError> {
-        let last_cap = match &plan.confinement {
-            Some(conf) if conf.caps.can_setpcap => conf.caps.last_cap,
-            _ => return spawn(plan),
+        let Some(conf) = &plan.confinement else {
+            return spawn(plan);
         };
-        let spawner = self
-            .shared
-            .confined_spawner
-            .get_or_init(|| ConfinedSpawner::start(last_cap));
+        let (policy, caps) = (conf.filter_policy, conf.caps);
+        let spawner = lock(&self.shared.confined_spawners)
+            .entry(policy)
+            .or_insert_with(|| {
+                let last_cap = caps.can_setpcap.then_some(caps.last_cap);
+                ConfinedSpawner::start(policy, last_cap).map(Arc::new)
+            })
+            .clone();
         match spawner {
             Some(spawner) => spawner.spawn(std::mem::replace(plan, SpawnPlan::handed_over())),
             None => spawn(plan),
@@ -404,7 +409,11 @@ impl Service {
         for proc in &procs {
             proc.wait(None);
         }
-        if let Some(spawner) = self.shared.confined_spawner.get().and_then(Option::as_ref) {
+        let spawners: Vec<_> = lock(&self.shared.confined_spawners)
+            .drain()
+            .filter_map(|(_, spawner)| spawner)
+            .collect();
+        for spawner in spawners {
             spawner.stop();
         }
         self.shared.stop.store(true, Ordering::SeqCst);
