@@ -276,7 +276,10 @@ unsafe fn confine_child(c: &ChildConfinement) -> Option<(SpawnStage, i32)> {
         c.landlock_fd,
         0u32
     ));
-    // Last: every setup syscall above runs unfiltered.
+    // Last: every setup syscall above runs unfiltered, or under the base layer inherited
+    // from a confined spawner thread, which allows each of them (capset, prctl,
+    // landlock_restrict_self, seccomp, prlimit64 on pid 0, the cgroup writes, dup3, chdir,
+    // close_range, rt_sigaction: none is singled out there).
     step!(libc::syscall(
         libc::SYS_seccomp,
         1u32, // SECCOMP_SET_MODE_FILTER

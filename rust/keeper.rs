@@ -270,12 +270,17 @@ mod tests {
         let mut d = Duties::default();
         d.apply(&format!("spill {}", dir.display()));
         let scratch = dir.with_extension("scratch");
+        let sentinel = dir.with_extension("sentinel");
         fs::create_dir_all(scratch.join("deep")).unwrap();
-        std::os::unix::fs::symlink("/", scratch.join("deep/root")).unwrap();
+        fs::create_dir_all(&sentinel).unwrap();
+        fs::write(sentinel.join("keep"), "x").unwrap();
+        std::os::unix::fs::symlink(&sentinel, scratch.join("deep/link")).unwrap();
         d.apply(&format!("scratch {}", scratch.display()));
         d.clean_up();
         assert!(!dir.exists());
         assert!(!scratch.exists());
-        assert!(Path::new("/usr").exists()); // the symlink went, never what it names
+        // The symlink went, never what it names.
+        assert!(sentinel.join("keep").exists());
+        fs::remove_dir_all(&sentinel).unwrap();
     }
 }

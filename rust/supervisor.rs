@@ -185,6 +185,9 @@ impl Service {
     /// Tells the keeper to remove `dir` (a tree the harness made for its commands: a
     /// read-only call's `$TMPDIR`, the sandbox cache) if the harness dies before it does.
     pub fn note_scratch_dir(&self, dir: &Path) {
+        if self.is_disposed() {
+            return; // a keeper started now would outlive the service
+        }
         self.shared
             .tell_keeper(|k| k.send(&format!("scratch {}", dir.display())));
     }
@@ -332,13 +335,20 @@ impl Service {
             return spawn(plan);
         };
         let (policy, caps) = (conf.filter_policy, conf.caps);
-        let spawner = lock(&self.shared.confined_spawners)
+        let mut spawners = lock(&self.shared.confined_spawners);
+        if self.is_disposed() {
+            // dispose has stopped (or is stopping) every spawner: start none it would miss.
+            drop(spawners);
+            return spawn(plan);
+        }
+        let spawner = spawners
             .entry(policy)
             .or_insert_with(|| {
                 let last_cap = caps.can_setpcap.then_some(caps.last_cap);
                 ConfinedSpawner::start(policy, last_cap).map(Arc::new)
             })
             .clone();
+        drop(spawners);
         match spawner {
             Some(spawner) => spawner.spawn(std::mem::replace(plan, SpawnPlan::handed_over())),
             None => spawn(plan),

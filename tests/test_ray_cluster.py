@@ -42,7 +42,7 @@ from shellseam import (  # noqa: E402
     render_result,
     task_tools,
 )
-from shellseam._bench.ray import ensure_ray_temp_root  # noqa: E402
+from shellseam._bench.ray import ensure_ray_temp_root, release_ray_temp_root  # noqa: E402
 from shellseam.ray import RayShellExecutor  # noqa: E402
 from shellseam.ray import node as ray_node  # noqa: E402
 from shellseam.ray.executor import alive_nodes  # noqa: E402
@@ -72,9 +72,9 @@ def cluster() -> Iterator[LocalCluster]:
     # Started once per session (only this module uses it) and torn down as soon as the
     # module is done, so that no Ray driver threads run under the other tests.
     # Ray's sockets live under its temp dir, whose path must stay short.
-    temp_dir = tempfile.mkdtemp(prefix="ssray-", dir="/tmp")
     # On a machine that never ran Ray, Cluster failed: it records its address in /tmp/ray.
     made = ensure_ray_temp_root()
+    temp_dir = tempfile.mkdtemp(prefix="ssray-", dir="/tmp")
     try:
         c = Cluster(
             initialize_head=True,
@@ -95,7 +95,7 @@ def cluster() -> Iterator[LocalCluster]:
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
         if made:
-            shutil.rmtree(made, ignore_errors=True)
+            release_ray_temp_root(made)
 
 
 @pytest.fixture(scope="session")

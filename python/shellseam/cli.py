@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import resource
@@ -443,9 +444,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return 128 + signal.SIGPIPE
     except OSError as err:
-        # The output could not be written (a full disk, /dev/full).
+        # Still one line, never a traceback; most likely the output could not be written
+        # (a full disk, /dev/full).
+        if err.errno not in _OUTPUT_ERRNOS:
+            return fail(EXIT_INFRASTRUCTURE, err.strerror or str(err))
         _discard_stdout()
         return fail(EXIT_INFRASTRUCTURE, f"cannot write the output: {err.strerror or err}")
+
+
+#: What writing the output can fail with.
+_OUTPUT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT, errno.EFBIG, errno.EPIPE}
+)
 
 
 def _discard_stdout() -> None:

@@ -402,7 +402,8 @@ class SubprocessService:
         from .paths import remove_tree  # paths builds on this module
 
         remove_tree(path)
-        self._supervisor.forget_scratch_dir(path)
+        if not os.path.lexists(path):  # a walk a running command disturbed leaves the rest
+            self._supervisor.forget_scratch_dir(path)
 
     # -- spawning ----------------------------------------------------------------------
 

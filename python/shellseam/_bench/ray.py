@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import pickle
-import shutil
 import sys
 import tempfile
 import time
@@ -70,24 +70,35 @@ def _cluster(address: str | None) -> Iterator[list[str]]:
             shutdown()
     finally:
         if made:
-            shutil.rmtree(made, ignore_errors=True)
+            release_ray_temp_root(made)
 
 
 def ensure_ray_temp_root() -> str | None:
     """Creates Ray's default temp root (``/tmp/ray``) when it does not exist yet, and returns
     it then (None: it was there). A ``ray.cluster_utils.Cluster`` records the newest cluster's
     address in it even when its nodes get another ``temp_dir``, and fails with
-    ``FileNotFoundError`` on a machine that never ran Ray."""
+    ``FileNotFoundError`` on a machine that never ran Ray. Undo with
+    ``release_ray_temp_root``."""
     try:
         from ray._common.utils import get_default_ray_temp_dir
 
         root: str = get_default_ray_temp_dir()  # type: ignore[no-untyped-call]
     except ImportError:  # another Ray release: its default
         root = os.path.join(tempfile.gettempdir(), "ray")
-    if os.path.isdir(root):
+    try:
+        os.makedirs(root)
+    except FileExistsError:
         return None
-    os.makedirs(root, exist_ok=True)
     return root
+
+
+def release_ray_temp_root(root: str) -> None:
+    """Removes what a cluster of ours left in a temp root we made (its address file), and the
+    folder when nothing else (another Ray on this machine) has put anything there since."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(root, "ray_current_cluster"))
+    with contextlib.suppress(OSError):
+        os.rmdir(root)
 
 
 def run(
