@@ -141,15 +141,11 @@ impl Confinement {
     /// `self` lives: the whole filter, or only the `clone3` layer when the spawning thread
     /// carries the base layer (`base_inherited`).
     pub fn filter_prog(&self, base_inherited: bool) -> libc::sock_fprog {
-        let filter = if base_inherited {
+        seccomp::prog(if base_inherited {
             &self.clone3_layer
         } else {
             &self.filter
-        };
-        libc::sock_fprog {
-            len: filter.len() as libc::c_ushort,
-            filter: filter.as_ptr() as *mut libc::sock_filter,
-        }
+        })
     }
 }
 

@@ -175,6 +175,16 @@ fn ipc() -> Vec<i64> {
 const PRIO_USER: u32 = 2;
 const IOPRIO_WHO_USER: u32 = 3;
 
+/// Calls taking a pid as their first argument that may act on the caller only (pid 0):
+/// limits and scheduling of another process have no Landlock hook.
+const OWN_PROCESS_ONLY: [i64; 5] = [
+    libc::SYS_prlimit64,
+    libc::SYS_sched_setscheduler,
+    libc::SYS_sched_setparam,
+    libc::SYS_sched_setattr,
+    libc::SYS_sched_setaffinity,
+];
+
 /// An action allowing the call only when argument `pid_arg` is 0 (the caller itself).
 fn only_self(pid_arg: u32) -> Vec<libc::sock_filter> {
     vec![
@@ -247,16 +257,7 @@ fn action(nr: i64, policy: FilterPolicy) -> Vec<libc::sock_filter> {
             stmt(BPF_RET_K, errno(libc::EPERM)),
         ];
     }
-    if [
-        libc::SYS_prlimit64,
-        libc::SYS_sched_setscheduler,
-        libc::SYS_sched_setparam,
-        libc::SYS_sched_setattr,
-        libc::SYS_sched_setaffinity,
-    ]
-    .contains(&nr)
-    {
-        // (pid, ...): the caller's own limits and scheduling only (pid 0).
+    if OWN_PROCESS_ONLY.contains(&nr) {
         return only_self(0);
     }
     if nr == libc::SYS_setpriority {
@@ -309,14 +310,10 @@ fn singled_out(policy: FilterPolicy, with_clone3: bool) -> Vec<(u32, Vec<libc::s
     if with_clone3 {
         nrs.push(libc::SYS_clone3);
     }
+    nrs.extend(OWN_PROCESS_ONLY);
     nrs.extend([
         libc::SYS_clone,
         libc::SYS_ioctl,
-        libc::SYS_prlimit64,
-        libc::SYS_sched_setscheduler,
-        libc::SYS_sched_setparam,
-        libc::SYS_sched_setattr,
-        libc::SYS_sched_setaffinity,
         libc::SYS_setpriority,
         libc::SYS_ioprio_set,
     ]);
@@ -375,6 +372,14 @@ pub fn clone3_layer() -> Vec<libc::sock_filter> {
         stmt(BPF_RET_K, errno(libc::ENOSYS)),
         stmt(BPF_RET_K, RET_ALLOW),
     ]
+}
+
+/// `filter` as the `sock_fprog` seccomp(2) takes; valid while `filter` lives.
+pub fn prog(filter: &[libc::sock_filter]) -> libc::sock_fprog {
+    libc::sock_fprog {
+        len: filter.len() as libc::c_ushort,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    }
 }
 
 fn build_with(policy: FilterPolicy, with_clone3: bool) -> Vec<libc::sock_filter> {
@@ -645,12 +650,7 @@ mod tests {
             }
             let getrlimit = libc::SYS_getrlimit as u32;
             assert_eq!(run(&prog, AUDIT_ARCH, getrlimit, [1, 0]), RET_ALLOW);
-            for nr in [
-                libc::SYS_sched_setscheduler,
-                libc::SYS_sched_setparam,
-                libc::SYS_sched_setattr,
-                libc::SYS_sched_setaffinity,
-            ] {
+            for nr in OWN_PROCESS_ONLY {
                 assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [0, 0]), RET_ALLOW);
                 assert_eq!(run(&prog, AUDIT_ARCH, nr as u32, [77, 0]), EPERM, "{nr}");
             }

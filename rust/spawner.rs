@@ -72,10 +72,7 @@ fn drop_for_children(last_cap: i32) -> bool {
 /// filter on it; false if the kernel refused either.
 fn carry_base_filter(policy: FilterPolicy) -> bool {
     let base = seccomp::build_base(policy);
-    let prog = libc::sock_fprog {
-        len: base.len() as libc::c_ushort,
-        filter: base.as_ptr() as *mut libc::sock_filter,
-    };
+    let prog = seccomp::prog(&base);
     // SAFETY: prctl with integer arguments; seccomp(SECCOMP_SET_MODE_FILTER, 0, prog) reads
     // the program, which `base` keeps alive for the call (the kernel copies it).
     unsafe {
