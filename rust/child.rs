@@ -28,8 +28,6 @@ pub(crate) struct ChildArgs {
     /// (no report) or exited: a store and a load, where a report pipe cost a `pipe2`, two
     /// closes and a read per spawn.
     pub(crate) report: AtomicU64,
-    /// Highest fd to mark close-on-exec when `close_range` is unavailable.
-    pub(crate) max_fd: RawFd,
     pub(crate) script_fd: RawFd,
     pub(crate) confine: ChildConfinement,
     /// The call's cgroups to join (when not cloned into one) and its rlimits.
@@ -187,7 +185,22 @@ unsafe fn child_setup(args: &ChildArgs) -> (SpawnStage, i32) {
         libc::CLOSE_RANGE_CLOEXEC,
     ));
     if marked.is_err() {
-        for fd in 3..=args.max_fd {
+        // A kernel without close_range (before 5.11): every fd up to the open-files limit,
+        // read here rather than by the parent on every spawn.
+        let mut limit = [0u64; 2];
+        let got = libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null::<c_void>(),
+            limit.as_mut_ptr(),
+        );
+        let max_fd = if got == 0 {
+            limit[0].clamp(1024, 1 << 20) as RawFd
+        } else {
+            1024
+        };
+        for fd in 3..max_fd {
             libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
     }

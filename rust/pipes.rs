@@ -48,9 +48,11 @@ pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
+/// Makes one end of a pipe from `cloexec_pipe` non-blocking. Its status flags are known
+/// (none: the access mode, which `F_SETFL` ignores, and close-on-exec, a descriptor flag),
+/// so one `F_SETFL` does it without reading them first.
 pub fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
-    let flags = OFlag::from_bits_retain(fcntl(&fd, FcntlArg::F_GETFL)?);
-    fcntl(&fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
     Ok(())
 }
 

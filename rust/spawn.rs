@@ -180,8 +180,6 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
 
     let argv = null_terminated(&plan.argv);
     let envp = null_terminated(&plan.envp);
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let open_max = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) };
     let args = ChildArgs {
         program: plan.program.as_ptr(),
         argv: argv.as_ptr(),
@@ -193,7 +191,6 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             stderr_w.as_raw_fd(),
         ],
         report: AtomicU64::new(0),
-        max_fd: open_max.clamp(1024, 1 << 20) as RawFd,
         script_fd: plan.script.unwrap_or(-1),
         confine: ChildConfinement::from_plan(
             plan.confinement.as_deref(),
