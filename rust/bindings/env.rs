@@ -1,12 +1,13 @@
 //! `_core.Env` and `_core.EnvBuilder`: prepared child environments.
 
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::env::{envp_from_pairs, EnvBuilder as CoreEnvBuilder, EnvPair, EnvPolicy, EnvSource};
+use crate::sys::lock;
 
 /// A prepared child environment (C strings ready for execve).
 #[pyclass(frozen, module = "shellseam._core")]
@@ -42,32 +43,70 @@ impl Env {
 #[pyclass(frozen, module = "shellseam._core")]
 pub struct EnvBuilder {
     inner: CoreEnvBuilder,
+    /// The key and value objects (alternating) of the mapping last seen to equal the cache's
+    /// snapshot, held so that none of them can be freed and its address reused: a mapping
+    /// holding these very objects, in this order, holds the same bytes (bytes are
+    /// immutable), which is told by comparing addresses alone. Comparing the bytes
+    /// themselves touched every entry's data on every call, cold after each child (~8 us).
+    seen: Mutex<Vec<Py<PyAny>>>,
 }
 
 /// A Python mapping of bytes (e.g. `posix.environ`) seen as an environment source.
-struct PyEnviron<'a, 'py>(&'a Bound<'py, PyDict>);
+struct PyEnviron<'a, 'py> {
+    dict: &'a Bound<'py, PyDict>,
+    seen: &'a Mutex<Vec<Py<PyAny>>>,
+}
+
+impl PyEnviron<'_, '_> {
+    /// Whether the mapping holds exactly the objects of `seen`, in order.
+    fn holds_seen(&self, seen: &[Py<PyAny>]) -> bool {
+        seen.len() == 2 * self.dict.len()
+            && self
+                .dict
+                .iter()
+                .zip(seen.chunks_exact(2))
+                .all(|((k, v), kv)| k.is(&kv[0]) && v.is(&kv[1]))
+    }
+
+    fn remember(&self, seen: &mut Vec<Py<PyAny>>) {
+        seen.clear();
+        for (k, v) in self.dict.iter() {
+            seen.push(k.unbind());
+            seen.push(v.unbind());
+        }
+    }
+}
 
 impl EnvSource for PyEnviron<'_, '_> {
     type Error = PyErr;
 
     fn entry_count(&self) -> usize {
-        self.0.len()
+        self.dict.len()
     }
 
     fn equals(&self, snapshot: &[EnvPair]) -> PyResult<bool> {
-        for ((k, v), (sk, sv)) in self.0.iter().zip(snapshot.iter()) {
+        let mut seen = lock(self.seen);
+        if self.holds_seen(&seen) {
+            return Ok(true);
+        }
+        for ((k, v), (sk, sv)) in self.dict.iter().zip(snapshot.iter()) {
             if k.extract::<&[u8]>()? != sk.as_slice() || v.extract::<&[u8]>()? != sv.as_slice() {
                 return Ok(false);
             }
         }
+        self.remember(&mut seen);
         Ok(true)
     }
 
     fn pairs(&self) -> PyResult<Vec<EnvPair>> {
-        self.0
+        let pairs = self
+            .dict
             .iter()
             .map(|(k, v)| Ok((k.extract::<Vec<u8>>()?, v.extract::<Vec<u8>>()?)))
-            .collect()
+            .collect::<PyResult<Vec<_>>>()?;
+        // The new snapshot is made of these objects' bytes.
+        self.remember(&mut lock(self.seen));
+        Ok(pairs)
     }
 }
 
@@ -85,6 +124,7 @@ impl EnvBuilder {
             .with_allowed(allowed_names);
         Self {
             inner: CoreEnvBuilder::new(policy),
+            seen: Mutex::new(Vec::new()),
         }
     }
 
@@ -97,8 +137,12 @@ impl EnvBuilder {
         extra: Option<Vec<EnvPair>>,
         managed: Option<Vec<EnvPair>>,
     ) -> PyResult<Env> {
+        let source = PyEnviron {
+            dict: base,
+            seen: &self.seen,
+        };
         let envp = self.inner.build(
-            &PyEnviron(base),
+            &source,
             &extra.unwrap_or_default(),
             &managed.unwrap_or_default(),
         )?;
