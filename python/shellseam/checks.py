@@ -185,8 +185,48 @@ def request_limits(limits: object) -> ResourceLimits:
         raise invalid(str(err)) from None
 
 
+#: Where ``resolve`` records the field values it checked (see ``mark_checked``).
+_CHECKED = "_shellseam_checked"
+
+
+def _checked_fields(spec: ShellExecSpec) -> tuple[object, ...]:
+    return (
+        spec.command,
+        spec.workdir,
+        spec.timeout_ms,
+        spec.stdout_max_bytes,
+        spec.signal,
+        spec.stdin,
+        spec.sandbox_policy,
+        spec.limits,
+    )
+
+
+def mark_checked(spec: ShellExecSpec) -> ShellExecSpec:
+    """Records on a spec ``resolve`` just built and checked the values it checked, so that
+    running it does not check them again (their cold cost is a few percent of a short
+    command). Only immutable values count: a spec with an ``env`` or ``managed_env``
+    mapping, which its caller may still change, is checked at every run."""
+    if spec.env is None and spec.managed_env is None:
+        object.__setattr__(spec, _CHECKED, _checked_fields(spec))
+    return spec
+
+
 def check_spec(spec: object) -> ShellExecSpec:
-    """A spec as ``resolve`` would have produced it; hand-built specs are checked here."""
+    """A spec as ``resolve`` would have produced it; hand-built specs are checked here.
+
+    A spec ``resolve`` marked (``mark_checked``) whose values are still the ones it checked
+    is not checked again; any other spec, a copy made with ``dataclasses.replace`` or a
+    field changed behind the frozen dataclass's back included, is checked in full."""
+    if type(spec) is ShellExecSpec:
+        mark = spec.__dict__.get(_CHECKED)
+        if (
+            mark is not None
+            and spec.env is None
+            and spec.managed_env is None
+            and mark == _checked_fields(spec)
+        ):
+            return spec
     if not isinstance(spec, ShellExecSpec):
         raise invalid(f"expected a ShellExecSpec, got {type(spec).__name__}")
     check_command(spec.command)

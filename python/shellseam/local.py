@@ -31,6 +31,7 @@ from .checks import (
     config_int,
     config_path,
     invalid,
+    mark_checked,
     positive_int,
     request_limits,
 )
@@ -321,7 +322,7 @@ class LocalShellExecutor(ShellExecutor):
         check_env(request.managed_env, "managed_env")
         check_policy(request.sandbox_policy)
         asked = None if request.limits is None else request_limits(request.limits)
-        return ShellExecSpec(
+        spec = ShellExecSpec(
             command=command,
             workdir=workdir,
             timeout_ms=timeout_ms,
@@ -333,6 +334,7 @@ class LocalShellExecutor(ShellExecutor):
             sandbox_policy=self._stamp_policy(request.sandbox_policy),
             limits=tighten(self.limits, asked),
         )
+        return mark_checked(spec)
 
     def _stamp_policy(self, policy: SandboxPolicy | None) -> SandboxPolicy | None:
         """A non-sandboxing executor carries the request's policy through untouched."""
