@@ -96,11 +96,12 @@ pub(crate) fn drain_stream(
         shared.note_spill_dir();
         file
     };
+    let in_epoll = st.in_epoll;
     let s = stream(st, is_out);
     let close = s.drain(scratch, mode, &mut open_spill);
     if close || mode == Drain::Final {
         if let Some(fd) = s.fd.take().map(ForkClosed::into_inner) {
-            shared.unwatch(&fd, s.key.take());
+            shared.unwatch_from(&fd, s.key.take(), in_epoll);
         }
     }
 }
@@ -122,7 +123,7 @@ fn close_stdin(proc: &Proc, st: &mut ProcState) {
 fn close_pidfd(proc: &Proc, st: &mut ProcState) {
     let key = st.pidfd_key.take();
     if let Some(fd) = st.pidfd.take() {
-        proc.shared.unwatch(&fd, key);
+        proc.shared.unwatch_from(&fd, key, st.in_epoll);
     }
 }
 

@@ -24,6 +24,10 @@ pub struct ProcConfig {
     /// The call's limits, and whether it gets a cgroup (where the host has them).
     pub limits: CallLimits,
     pub cgroup: bool,
+    /// The caller drives the process from its spawn on (a foreground run waiting in the
+    /// same native call): its pipes and pidfd get their routes but join the supervisor's
+    /// epoll set only if it hands them over (see `supervisor/handover.rs`).
+    pub defer_watch: bool,
 }
 
 /// How a process ended.
@@ -74,6 +78,10 @@ pub(crate) struct ProcState {
     pub limits: CallLimits,
     /// A caller blocked in `wait` polls the pipes and pidfd itself (supervisor/handover.rs).
     pub caller_driven: bool,
+    /// The output pipes and the pidfd are in the supervisor's epoll set. False before a
+    /// deferred registration and while a caller drives them: closing one then needs no
+    /// `EPOLL_CTL_DEL` (it would only fail with ENOENT).
+    pub in_epoll: bool,
     /// A bulk producer: waiting callers leave the draining to the supervisor.
     pub bulk_output: bool,
 }
@@ -125,6 +133,7 @@ impl Proc {
                 contain,
                 limits: cfg.limits,
                 caller_driven: false,
+                in_epoll: false,
                 bulk_output: false,
             }),
             done: Condvar::new(),
@@ -204,6 +213,7 @@ impl Proc {
         if timeout != Some(Duration::ZERO) && crate::supervisor::drive_until_exit(self, timeout) {
             return;
         }
+        crate::supervisor::ensure_watched(self);
         let pidfd = {
             let st = lock(&self.state);
             if st.phase != Phase::Running || st.leader.is_some() {

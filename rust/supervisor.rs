@@ -44,7 +44,7 @@ mod source;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use handover::drive_until_exit;
+pub(crate) use handover::{drive_until_exit, ensure_watched};
 
 use containment::KeeperSlot;
 pub(crate) use source::Source;
@@ -121,10 +121,25 @@ impl Shared {
         Ok(key)
     }
 
+    /// A route for `source` whose fd is not (yet) in the epoll set (see `ProcState::in_epoll`).
+    fn route_only(&self, source: Source) -> u64 {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        lock(&self.routes).insert(key, source);
+        key
+    }
+
     /// Deregisters `fd` (a no-op when it never was: `key` is None).
     pub fn unwatch(&self, fd: &OwnedFd, key: Option<u64>) {
+        self.unwatch_from(fd, key, true);
+    }
+
+    /// `unwatch` for an fd that may be out of the epoll set (`in_epoll` false): its route
+    /// goes, without an `EPOLL_CTL_DEL` that could only fail.
+    pub fn unwatch_from(&self, fd: &OwnedFd, key: Option<u64>, in_epoll: bool) {
         if let Some(key) = key {
-            epoll_del(&self.epoll, fd);
+            if in_epoll {
+                epoll_del(&self.epoll, fd);
+            }
             lock(&self.routes).remove(&key);
         }
     }
@@ -282,6 +297,7 @@ impl Service {
         }
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
         let first_cpu_check = contain.next_cpu_check;
+        let cfg_defer_watch = cfg.defer_watch;
         let proc = Arc::new(Proc::new(
             token,
             Arc::clone(&self.shared),
@@ -303,7 +319,7 @@ impl Service {
             }
             live.insert(token, Arc::clone(&proc));
         }
-        let registered = self.watch_all(&proc);
+        let registered = self.watch_all(&proc, cfg_defer_watch);
         if let Err(err) = registered {
             // Unsupervised, the process could never settle: take it down now, reap it here.
             lock(&self.shared.live).remove(&token);
@@ -369,14 +385,29 @@ impl Service {
             .end_containment(proc.pid, &mut st.contain, false, || {});
     }
 
-    /// Registers a new process's pipes and pidfd with epoll.
-    fn watch_all(&self, proc: &Proc) -> io::Result<()> {
+    /// Registers a new process's pipes and pidfd with epoll; `defer`: only their routes,
+    /// for a caller that drives the process from the start (when its stdin is written at
+    /// once: feeding the rest needs the supervisor's EPOLLOUT).
+    fn watch_all(&self, proc: &Proc, defer: bool) -> io::Result<()> {
         let shared = &self.shared;
         let token = proc.token;
         let mut st = lock(&proc.state);
         // Write what fits right away; only a command that does not read yet needs EPOLLOUT.
         lifecycle::feed_stdin(proc, &mut st);
         let st = &mut *st;
+        if defer && st.stdin.fd.is_none() {
+            if st.stdout.fd.is_some() {
+                st.stdout.key = Some(shared.route_only(Source::Stdout(token)));
+            }
+            if st.stderr.fd.is_some() {
+                st.stderr.key = Some(shared.route_only(Source::Stderr(token)));
+            }
+            if st.pidfd.is_some() {
+                st.pidfd_key = Some(shared.route_only(Source::Exit(token)));
+            }
+            return Ok(());
+        }
+        st.in_epoll = true;
         let input = readable();
         if let Some(fd) = &st.stdout.fd {
             st.stdout.key = Some(shared.watch(fd, input, Source::Stdout(token))?);

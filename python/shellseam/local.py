@@ -15,7 +15,7 @@ import posix
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from .checks import (
     MAX_BYTES,
@@ -64,6 +64,7 @@ ContainmentMode = Literal["auto", "session"]
 
 #: The default ceilings: a fork bomb stops at 4096 processes instead of taking the host.
 DEFAULT_LIMITS = ResourceLimits(max_processes=4096)
+_T = TypeVar("_T")
 
 #: Settings that keep pagers and colour codes out of a model-read result (Codex's set).
 TERMINAL_ENV: tuple[tuple[str, str], ...] = (
@@ -382,6 +383,26 @@ class LocalShellExecutor(ShellExecutor):
     def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> tuple[ManagedProcess, Confinement]:
         """Spawns the call; the caller settles the confinement when the call settles (a
         foreground call right after its wait, a background one from its done callback)."""
+        return self._launch(spec, stdout_cap, self.service.spawn)
+
+    def _run_foreground(self, spec: ShellExecSpec) -> ShellRunResult:
+        """Spawns, waits and collects the call in one native call (``SubprocessService.run``)
+        and settles its confinement."""
+        service = self.service
+
+        def run(**call: Any) -> ShellRunResult:
+            return service.run(**call, timeout_ms=spec.timeout_ms)
+
+        result, conf = self._launch(spec, spec.stdout_max_bytes, run)
+        conf.settle()
+        return result
+
+    def _launch(
+        self, spec: ShellExecSpec, stdout_cap: int, start: Callable[..., _T]
+    ) -> tuple[_T, Confinement]:
+        """Prepares the call's confinement, argv and environment and hands them to `start`
+        (the service's ``spawn``, or its ``run``, which also waits); on failure the
+        confinement is settled here."""
         try:
             stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
             command = spec.command.encode("utf-8", "surrogateescape")
@@ -397,7 +418,7 @@ class LocalShellExecutor(ShellExecutor):
                 argv = [self._shell_argv0, b"-c", stub]
             else:
                 argv = [self._shell_argv0, b"-c", command]
-            proc = self.service.spawn(
+            started = start(
                 program=self._shell_program,
                 argv=argv,
                 cwd=spec.workdir,
@@ -418,7 +439,7 @@ class LocalShellExecutor(ShellExecutor):
         finally:
             if script_fd is not None:
                 os.close(script_fd)
-        return proc, conf
+        return started, conf
 
     def _result(self, spec: ShellExecSpec, result: ShellRunResult | None) -> ShellRunResult:
         """Completes a settled process's native result with the sandbox facts."""
@@ -440,27 +461,24 @@ class LocalShellExecutor(ShellExecutor):
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
         check_spec(spec)
         signal = spec.signal
-        if signal is not None and signal.aborted:
+        if signal is None:
+            # The hot path: one native call spawns, waits, kills on the timeout and builds
+            # the result records.
+            return self._result(spec, self._run_foreground(spec))
+        if signal.aborted:
             return self._aborted_before_start(spec)
         proc, conf = self._spawn(spec, spec.stdout_max_bytes)
         result: ShellRunResult | None
         try:
-            if signal is None:
-                # The hot path: one native call waits, kills on the timeout and builds the
-                # result records.
-                result = proc.run_result(
-                    spec.timeout_ms / 1000, timeout_ms=spec.timeout_ms, limits=spec.limits
-                )
-            else:
-                deadline = Deadline(proc.kill)
-                remove = signal.add_listener(deadline.on_abort)
-                try:
-                    if not proc.wait(spec.timeout_ms / 1000):
-                        deadline.on_timeout()
-                        proc.wait(None)
-                finally:
-                    remove()
-                result = self._settled(spec, proc, deadline.cause)
+            deadline = Deadline(proc.kill)
+            remove = signal.add_listener(deadline.on_abort)
+            try:
+                if not proc.wait(spec.timeout_ms / 1000):
+                    deadline.on_timeout()
+                    proc.wait(None)
+            finally:
+                remove()
+            result = self._settled(spec, proc, deadline.cause)
         except BaseException:
             # KeyboardInterrupt while waiting: nothing may be left running.
             proc.kill()

@@ -97,6 +97,35 @@ _core.register_result_types(
 _LAST_LIMITS: tuple[ResourceLimits | None, _core.CallLimits | None] = (None, None)
 
 
+def _check_caps(stdout_cap: int, stderr_cap: int, spill_cap: int, grace_ms: int) -> None:
+    """Caps and grace as the core takes them (``ValueError``/``TypeError`` naming them)."""
+    # One comparison chain on the hot path; the per-name checks only to say what is wrong.
+    if not (
+        type(stdout_cap) is int
+        and type(stderr_cap) is int
+        and type(spill_cap) is int
+        and type(grace_ms) is int
+        and 0 <= stdout_cap <= MAX_BYTES
+        and 0 <= stderr_cap <= MAX_BYTES
+        and 0 <= spill_cap <= MAX_BYTES
+        and 0 <= grace_ms <= MAX_TIMEOUT_MS
+    ):
+        for name, value, maximum in (
+            ("stdout_cap", stdout_cap, MAX_BYTES),
+            ("stderr_cap", stderr_cap, MAX_BYTES),
+            ("spill_cap", spill_cap, MAX_BYTES),
+            ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
+        ):
+            config_int(value, name, minimum=0, maximum=maximum)
+
+
+def _cwd_bytes(cwd: str) -> bytes:
+    try:
+        return os.fsencode(cwd)
+    except UnicodeEncodeError as err:
+        raise ShellError(INVALID_REQUEST, f"workdir is not encodable: {err.reason}") from None
+
+
 def _call_limits(limits: ResourceLimits | None) -> _core.CallLimits | None:
     """The core's record of a call's limits (None: no limits at all)."""
     global _LAST_LIMITS
@@ -428,28 +457,8 @@ class SubprocessService:
 
         Caps and grace are checked here (``ValueError``/``TypeError`` naming them), so that
         no value reaches the core as an overflow."""
-        # One comparison chain on the hot path; the per-name checks only to say what is wrong.
-        if not (
-            type(stdout_cap) is int
-            and type(stderr_cap) is int
-            and type(spill_cap) is int
-            and type(grace_ms) is int
-            and 0 <= stdout_cap <= MAX_BYTES
-            and 0 <= stderr_cap <= MAX_BYTES
-            and 0 <= spill_cap <= MAX_BYTES
-            and 0 <= grace_ms <= MAX_TIMEOUT_MS
-        ):
-            for name, value, maximum in (
-                ("stdout_cap", stdout_cap, MAX_BYTES),
-                ("stderr_cap", stderr_cap, MAX_BYTES),
-                ("spill_cap", spill_cap, MAX_BYTES),
-                ("grace_ms", grace_ms, MAX_TIMEOUT_MS),
-            ):
-                config_int(value, name, minimum=0, maximum=maximum)
-        try:
-            cwd_bytes = os.fsencode(cwd)
-        except UnicodeEncodeError as err:
-            raise ShellError(INVALID_REQUEST, f"workdir is not encodable: {err.reason}") from None
+        _check_caps(stdout_cap, stderr_cap, spill_cap, grace_ms)
+        cwd_bytes = _cwd_bytes(cwd)
         try:
             proc = self._supervisor.spawn(
                 program=program,
@@ -469,6 +478,54 @@ class SubprocessService:
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
         return ManagedProcess(self, proc)
+
+    def run(
+        self,
+        *,
+        program: bytes,
+        argv: Sequence[bytes],
+        cwd: str,
+        env: ChildEnv,
+        stdin: bytes,
+        stdout_cap: int,
+        stderr_cap: int,
+        spill_cap: int,
+        grace_ms: int,
+        ruleset: Ruleset | None = None,
+        script_fd: int | None = None,
+        limits: ResourceLimits,
+        cgroup: bool = True,
+        timeout_ms: int,
+    ) -> ShellRunResult:
+        """A foreground run in one native call: ``spawn``, then up to ``timeout_ms`` of
+        waiting, then the kill and the wait for the end; the ``ShellRunResult`` (``sandbox``
+        None), ``timed_out`` when the timeout fired. The calling thread drives the process
+        from its spawn on. Raises as ``spawn`` does; a ``KeyboardInterrupt`` while waiting
+        kills the group and waits for it first."""
+        _check_caps(stdout_cap, stderr_cap, spill_cap, grace_ms)
+        cwd_bytes = _cwd_bytes(cwd)
+        try:
+            result: ShellRunResult = self._supervisor.run(
+                program=program,
+                argv=list(argv),
+                cwd=cwd_bytes,
+                env=env,
+                stdin=stdin,
+                stdout_cap=stdout_cap,
+                stderr_cap=stderr_cap,
+                spill_cap=spill_cap,
+                grace_ms=grace_ms,
+                ruleset=ruleset,
+                script_fd=script_fd,
+                limits=_call_limits(limits),
+                cgroup=cgroup,
+                timeout=timeout_ms / 1000,
+                timeout_ms=timeout_ms,
+                limits_record=limits,
+            )
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        return result
 
     async def spawn_off_loop(self, spawn: Callable[[], _T], abandon: Callable[[_T], object]) -> _T:
         """Runs ``spawn`` (a blocking call of ``spawn``) on one of the service's spawner
@@ -622,6 +679,9 @@ os.register_at_fork(
 def default_service() -> SubprocessService:
     """The process-wide service used by executors created without one."""
     global _default
+    service = _default  # every call of an executor without its own service comes here
+    if service is not None and not service.disposed:
+        return service
     with _default_lock:
         if _default is None or _default.disposed:
             _default = SubprocessService()

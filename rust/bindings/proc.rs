@@ -123,18 +123,7 @@ impl Proc {
         timeout_ms: u64,
         limits: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let timed_out = !self.wait(py, timeout)?;
-        if timed_out {
-            self.kill(py);
-            self.wait(py, None)?;
-        }
-        let ending = results::Ending {
-            timed_out,
-            aborted: false,
-            timeout_ms,
-        };
-        results::shell_result(py, &self.inner, ending, &limits)?
-            .ok_or_else(|| PyRuntimeError::new_err("an unbounded wait returns settled"))
+        run_to_end(py, &self.inner, timeout, timeout_ms, &limits)
     }
 
     /// Both streams as collected so far: (stdout, stderr).
@@ -148,4 +137,47 @@ impl Proc {
         let (out, err) = self.inner.read();
         (out.into(), err.into())
     }
+}
+
+/// A foreground run's wait: up to `timeout` seconds, then the kill and the wait for the end;
+/// the `ShellRunResult`, `timed_out` when the timeout fired. Interrupted by a signal handler
+/// that raises (KeyboardInterrupt), it kills the group and waits for it before raising:
+/// nothing of a foreground run outlives it.
+pub(crate) fn run_to_end<'py>(
+    py: Python<'py>,
+    proc: &Arc<CoreProc>,
+    timeout: Option<f64>,
+    timeout_ms: u64,
+    limits: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let waited = {
+        let inner = Arc::clone(proc);
+        wait_with_signals(py, timeout, move |slice| inner.wait(Some(slice)))
+    };
+    let timed_out = match waited {
+        Ok(done) => !done,
+        Err(err) => {
+            let inner = Arc::clone(proc);
+            py.detach(move || {
+                inner.kill();
+                inner.wait(None);
+            });
+            return Err(err);
+        }
+    };
+    if timed_out {
+        let inner = Arc::clone(proc);
+        py.detach(move || {
+            inner.kill();
+        });
+        let inner = Arc::clone(proc);
+        wait_with_signals(py, None, move |slice| inner.wait(Some(slice)))?;
+    }
+    let ending = results::Ending {
+        timed_out,
+        aborted: false,
+        timeout_ms,
+    };
+    results::shell_result(py, proc, ending, limits)?
+        .ok_or_else(|| PyRuntimeError::new_err("an unbounded wait returns settled"))
 }

@@ -12,7 +12,7 @@ use super::env::Env;
 use super::proc::Proc;
 use super::ruleset::Ruleset;
 use crate::errors::CoreError;
-use crate::process::ProcConfig;
+use crate::process::{Proc as CoreProc, ProcConfig};
 use crate::spawn::SpawnPlan;
 use crate::supervisor::Service;
 
@@ -20,6 +20,56 @@ use crate::supervisor::Service;
 #[pyclass(frozen, module = "shellseam._core")]
 pub struct Supervisor {
     inner: Arc<Service>,
+}
+
+/// One spawn's arguments as Python passed them.
+struct Call<'a> {
+    program: Vec<u8>,
+    argv: Vec<Vec<u8>>,
+    cwd: Vec<u8>,
+    env: &'a Env,
+    stdin: Vec<u8>,
+    /// stdout, stderr and spill caps.
+    caps: (usize, usize, u64),
+    grace_ms: u64,
+    ruleset: Option<&'a Ruleset>,
+    script_fd: Option<i32>,
+    limits: Option<&'a CallLimits>,
+    cgroup: bool,
+}
+
+impl Supervisor {
+    /// Spawns `call` (GIL released); `defer_watch`: the caller drives it from the start.
+    fn start(&self, py: Python<'_>, call: Call<'_>, defer_watch: bool) -> PyResult<Arc<CoreProc>> {
+        let argv = call
+            .argv
+            .into_iter()
+            .map(|a| cstring(a, "an argument"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut plan = SpawnPlan {
+            confinement: call.ruleset.map(|r| Arc::clone(&r.inner)),
+            script: call.script_fd,
+            ..SpawnPlan::new(
+                cstring(call.program, "the program path")?,
+                argv,
+                Arc::clone(&call.env.envp),
+                cstring(call.cwd, "the working directory")?,
+            )
+        };
+        let (stdout_cap, stderr_cap, spill_cap) = call.caps;
+        let cfg = ProcConfig {
+            stdout_cap,
+            stderr_cap,
+            spill_cap,
+            grace: Duration::from_millis(call.grace_ms),
+            stdin: call.stdin,
+            limits: call.limits.copied().unwrap_or_default(),
+            cgroup: call.cgroup,
+            defer_watch,
+        };
+        let inner = Arc::clone(&self.inner);
+        Ok(py.detach(move || inner.spawn(&mut plan, cfg))?)
+    }
 }
 
 #[pymethods]
@@ -119,32 +169,68 @@ impl Supervisor {
         limits: Option<&CallLimits>,
         cgroup: bool,
     ) -> PyResult<Proc> {
-        let argv = argv
-            .into_iter()
-            .map(|a| cstring(a, "an argument"))
-            .collect::<PyResult<Vec<_>>>()?;
-        let mut plan = SpawnPlan {
-            confinement: ruleset.map(|r| Arc::clone(&r.inner)),
-            script: script_fd,
-            ..SpawnPlan::new(
-                cstring(program, "the program path")?,
-                argv,
-                Arc::clone(&env.envp),
-                cstring(cwd, "the working directory")?,
-            )
-        };
-        let cfg = ProcConfig {
-            stdout_cap,
-            stderr_cap,
-            spill_cap,
-            grace: Duration::from_millis(grace_ms),
+        let call = Call {
+            program,
+            argv,
+            cwd,
+            env,
             stdin,
-            limits: limits.copied().unwrap_or_default(),
+            caps: (stdout_cap, stderr_cap, spill_cap),
+            grace_ms,
+            ruleset,
+            script_fd,
+            limits,
             cgroup,
         };
-        let inner = Arc::clone(&self.inner);
-        let proc = py.detach(move || inner.spawn(&mut plan, cfg))?;
+        let proc = self.start(py, call, false)?;
         Ok(Proc { inner: proc })
+    }
+
+    /// A foreground run in one call: spawns as `spawn` does, waits up to `timeout` seconds
+    /// (then kills the group and waits for the end) and returns the `ShellRunResult`
+    /// (`limits_record`: the call's `ResourceLimits`, for the result). The calling thread
+    /// drives the process from its spawn on, so its pipes and pidfd join the supervisor's
+    /// epoll set only if it hands them over (a bulk producer, the timeout).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=None, cgroup=true, timeout, timeout_ms, limits_record))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        program: Vec<u8>,
+        argv: Vec<Vec<u8>>,
+        cwd: Vec<u8>,
+        env: &Env,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        stderr_cap: usize,
+        spill_cap: u64,
+        grace_ms: u64,
+        ruleset: Option<&Ruleset>,
+        script_fd: Option<i32>,
+        limits: Option<&CallLimits>,
+        cgroup: bool,
+        timeout: Option<f64>,
+        timeout_ms: u64,
+        limits_record: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let call = Call {
+            program,
+            argv,
+            cwd,
+            env,
+            stdin,
+            caps: (stdout_cap, stderr_cap, spill_cap),
+            grace_ms,
+            ruleset,
+            script_fd,
+            limits,
+            cgroup,
+        };
+        // A wait that could end before it drives (no time at all) leaves the process to
+        // the supervisor from the start.
+        let drive = timeout.is_none_or(|t| t > 0.0);
+        let proc = self.start(py, call, drive)?;
+        super::proc::run_to_end(py, &proc, timeout, timeout_ms, &limits_record)
     }
 
     /// Refuses new spawns and requests the kill of every live process (no waiting).

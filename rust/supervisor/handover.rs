@@ -53,7 +53,17 @@ struct Taken {
     stderr: Option<OwnedFd>,
 }
 
+/// Takes the process over for the calling thread; None when it cannot (then a process
+/// whose registration was deferred joins the epoll set now: nobody else would watch it).
 fn take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
+    let taken = try_take(proc, st);
+    if taken.is_none() && !st.in_epoll && !st.caller_driven {
+        give_back(proc, st);
+    }
+    taken
+}
+
+fn try_take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
     if st.phase != Phase::Running
         || st.leader.is_some()
         || st.caller_driven
@@ -70,15 +80,18 @@ fn take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
         return None; // out of fds: leave it all to the supervisor
     }
     let shared = &proc.shared;
-    for fd in [
-        st.stdout.fd.as_deref(),
-        st.stderr.fd.as_deref(),
-        st.pidfd.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        shared.pause_watch(fd);
+    if st.in_epoll {
+        for fd in [
+            st.stdout.fd.as_deref(),
+            st.stderr.fd.as_deref(),
+            st.pidfd.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            shared.pause_watch(fd);
+        }
+        st.in_epoll = false;
     }
     st.caller_driven = true;
     Some(Taken {
@@ -88,9 +101,19 @@ fn take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
     })
 }
 
+/// Puts a process whose registration was deferred into the epoll set, unless a caller
+/// drives it (a waiter that does not drive must not be left with nobody watching).
+pub(crate) fn ensure_watched(proc: &Proc) {
+    let mut st = lock(&proc.state);
+    if !st.in_epoll && !st.caller_driven {
+        give_back(proc, &mut st);
+    }
+}
+
 /// Gives what is still open back to the supervisor.
 fn give_back(proc: &Proc, st: &mut ProcState) {
     st.caller_driven = false;
+    st.in_epoll = true;
     let shared = &proc.shared;
     if let (Some(fd), Some(key)) = (st.stdout.fd.as_deref(), st.stdout.key) {
         shared.resume_watch(fd, key);

@@ -24,6 +24,7 @@ fn cfg(cap: usize) -> ProcConfig {
         stdin: Vec::new(),
         limits: crate::contain::CallLimits::default(),
         cgroup: true,
+        defer_watch: false,
     }
 }
 

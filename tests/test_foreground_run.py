@@ -1,0 +1,187 @@
+"""A foreground run in one native call (``SubprocessService.run``, behind ``run_sync``).
+
+The calling thread drives its process from the spawn on, so the command's pipes and pidfd
+join the supervisor's epoll set only when the caller hands them over. What users rely on:
+exact output and status, the timeout and its kill, a background holder of the pipes still
+drained and killed by the supervisor, stdin larger than a pipe still fed, a
+KeyboardInterrupt that leaves nothing running, and a resolved spec checked again whenever
+its values are not the ones ``resolve`` checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from shellseam import (
+    LocalShellExecutor,
+    ResourceLimits,
+    ShellError,
+    ShellExecRequest,
+    SubprocessService,
+    _core,
+)
+from shellseam.types import ShellRunResult
+
+LIMITS = ResourceLimits()
+
+
+def _run(
+    service: SubprocessService, command: str, *, stdin: bytes = b"", timeout_ms: int = 30_000
+) -> ShellRunResult:
+    env = _core.Env.from_pairs([(b"PATH", os.environ.get("PATH", "/usr/bin:/bin").encode())])
+    return service.run(
+        program=b"/bin/bash",
+        argv=[b"bash", b"-c", command.encode()],
+        cwd="/",
+        env=env,
+        stdin=stdin,
+        stdout_cap=1 << 20,
+        stderr_cap=1 << 20,
+        spill_cap=1 << 30,
+        grace_ms=300,
+        limits=LIMITS,
+        timeout_ms=timeout_ms,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_output_and_status_are_exact(service: SubprocessService) -> None:
+    cmd = (
+        "for i in $(seq 1 30); do head -c 30000 /dev/zero | tr '\\0' o; "
+        "head -c 20000 /dev/zero | tr '\\0' e >&2; done; exit 7"
+    )
+    result = _run(service, cmd)
+    assert result.exit_code == 7 and result.signal is None and not result.timed_out
+    assert result.stdout.total_bytes == 30 * 30000
+    assert result.stderr.total_bytes == 30 * 20000
+    assert set(result.stdout.text) == {"o"} and set(result.stderr.text) == {"e"}
+    assert result.sandbox is None
+
+
+def test_the_timeout_kills_the_group(service: SubprocessService) -> None:
+    started = time.monotonic()
+    result = _run(service, "echo $$; exec sleep 30", timeout_ms=300)
+    assert time.monotonic() - started < 10
+    assert result.timed_out and result.signal == "SIGTERM"
+    assert not _alive(int(result.stdout.text))
+
+
+def test_a_background_holder_of_the_pipes_is_left_to_the_supervisor(
+    service: SubprocessService,
+) -> None:
+    # The leader exits while a child still holds stdout: the pipes (never in the epoll set
+    # until now) go to the supervisor, whose drain grace and leftover kill end the call.
+    result = _run(service, "(sleep 5; echo late) & echo early")
+    assert result.stdout.text == "early\n"
+    assert result.leftover_killed == 2  # the subshell and its sleep
+
+
+def test_stdin_larger_than_a_pipe_is_still_fed(service: SubprocessService) -> None:
+    # What does not fit at once needs the supervisor's EPOLLOUT: such a call is registered
+    # from the start instead of deferred.
+    data = os.urandom(3 << 20)
+    result = _run(service, "sha256sum | cut -d' ' -f1", stdin=data)
+    assert result.stdout.text.strip() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_keyboard_interrupt_leaves_nothing_running(
+    service: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    marker = os.path.join(tmp_path, "pid")
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        _run(service, f"echo $$ > {marker}.tmp && mv {marker}.tmp {marker}; exec sleep 30")
+    with open(marker) as f:
+        pid = int(f.read())
+    assert not _alive(pid)
+    assert service.running == 0
+
+
+def test_a_run_sync_then_a_background_start_share_one_service(
+    service: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    # A deferred registration must not disturb the supervisor's own processes.
+    ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=service)
+    handle = ex.start(ex.resolve(ShellExecRequest(command="sleep 0.3; echo bg")))
+    fg = ex.run_sync(ex.resolve(ShellExecRequest(command="echo fg")))
+    assert fg.stdout.text == "fg\n"
+    assert handle.wait_sync(10)
+    assert handle.read_output().delta == "bg\n"
+
+
+# -- a resolved spec is checked again when its values changed --------------------------
+
+
+def test_a_resolved_spec_changed_behind_the_frozen_dataclass_is_checked(
+    ex: LocalShellExecutor,
+) -> None:
+    spec = ex.resolve(ShellExecRequest(command="true"))
+    assert ex.run_sync(spec).exit_code == 0
+    object.__setattr__(spec, "timeout_ms", -1)
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(spec)
+    assert err.value.code == "INVALID_REQUEST"
+    assert "timeout_ms" in err.value.reason
+
+
+def test_a_replaced_spec_is_checked(ex: LocalShellExecutor) -> None:
+    spec = ex.resolve(ShellExecRequest(command="true"))
+    bad = dataclasses.replace(spec, command="echo \0")
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(bad)
+    assert err.value.code == "INVALID_REQUEST"
+
+
+def test_an_env_mapping_changed_after_resolve_is_checked(ex: LocalShellExecutor) -> None:
+    env = {"GREETING": "hi"}
+    spec = ex.resolve(ShellExecRequest(command="echo $GREETING", env=env))
+    assert ex.run_sync(spec).stdout.text == "hi\n"
+    env["BAD=NAME"] = "x"
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(spec)
+    assert err.value.code == "INVALID_REQUEST"
+
+
+# -- the harness's environment, as each call sees it -----------------------------------
+
+
+def test_every_change_of_the_harness_environment_is_seen(
+    ex: LocalShellExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The environment cache compares the objects of os.environ, not their bytes: a value
+    # replaced by an equal one, by another of the same length, or removed and put back,
+    # must each give the child exactly what os.environ holds.
+    spec = ex.resolve(ShellExecRequest(command="printf '%s|' \"${SS_PROBE-unset}\""))
+    seen = []
+    monkeypatch.setenv("SS_PROBE", "aaaa")
+    seen.append(ex.run_sync(spec).stdout.text)
+    monkeypatch.setenv("SS_PROBE", "aaaa")
+    seen.append(ex.run_sync(spec).stdout.text)
+    monkeypatch.setenv("SS_PROBE", "bbbb")
+    seen.append(ex.run_sync(spec).stdout.text)
+    monkeypatch.delenv("SS_PROBE")
+    seen.append(ex.run_sync(spec).stdout.text)
+    monkeypatch.setenv("SS_PROBE", "bbbb")
+    seen.append(ex.run_sync(spec).stdout.text)
+    assert seen == ["aaaa|", "aaaa|", "bbbb|", "unset|", "bbbb|"]
