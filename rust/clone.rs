@@ -158,10 +158,13 @@ struct CloneArgs {
 }
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+/// Every handled signal starts at SIG_DFL in the child (Linux 5.5); ignored ones stay so.
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
 /// `clone3` into `cgroup_fd` with vfork semantics; the child runs `entry(arg)` on the stack
-/// whose (16-byte aligned) top is `top`, exactly as with `libc::clone`. Returns the pid
-/// (storing the pidfd) or `-errno`.
+/// whose (16-byte aligned) top is `top`, exactly as with `libc::clone`; `clear_sighand`: the
+/// kernel resets the child's handled signals to SIG_DFL (`CLONE_CLEAR_SIGHAND`). Returns the
+/// pid (storing the pidfd) or `-errno`.
 ///
 /// # Safety
 /// As `libc::clone` with `CLONE_VM | CLONE_VFORK`: `entry` must only make raw syscalls
@@ -173,11 +176,19 @@ pub unsafe fn clone3_into(
     entry: extern "C" fn(*mut c_void) -> libc::c_int,
     arg: *mut c_void,
     pidfd: &mut libc::c_int,
+    clear_sighand: bool,
 ) -> libc::c_long {
     // The kernel starts the child at `stack + stack_size`; only that sum matters.
     const SPAN: u64 = 16;
+    let clear = if clear_sighand {
+        CLONE_CLEAR_SIGHAND
+    } else {
+        0
+    };
     let mut args = CloneArgs {
-        flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64 | CLONE_INTO_CGROUP,
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
+            | CLONE_INTO_CGROUP
+            | clear,
         pidfd: pidfd as *mut libc::c_int as u64,
         exit_signal: libc::SIGCHLD as u64,
         stack: (top as u64).saturating_sub(SPAN),
@@ -223,6 +234,7 @@ pub unsafe fn clone3_into(
     _entry: extern "C" fn(*mut c_void) -> libc::c_int,
     _arg: *mut c_void,
     _pidfd: &mut libc::c_int,
+    _clear_sighand: bool,
 ) -> libc::c_long {
     -(libc::ENOSYS as libc::c_long)
 }

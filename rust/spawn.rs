@@ -10,7 +10,7 @@
 use std::ffi::{c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::child::{child_main, ChildArgs, ChildConfinement};
 use crate::clone::{clone3_into, ChildContain};
@@ -192,6 +192,8 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
         ],
         report: AtomicU64::new(0),
         script_fd: plan.script.unwrap_or(-1),
+        handlers_cleared: false,
+        ignored: 0,
         confine: ChildConfinement::from_plan(
             plan.confinement.as_deref(),
             plan.bounding_set_cleared,
@@ -258,6 +260,41 @@ fn clone_child(
     Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
 }
 
+/// Whether clone3 takes CLONE_CLEAR_SIGHAND here (until it refused once).
+static CLEAR_SIGHAND: AtomicBool = AtomicBool::new(true);
+
+/// The signals this process ignores now, bit `n - 1` for signal `n`: what a child cloned
+/// with CLONE_CLEAR_SIGHAND still has to reset (the kernel resets the handled ones). A
+/// disposition another thread changes while a spawn is under way is a race of that thread
+/// with the spawn, as with fork: a handler is never inherited (the kernel clears it at the
+/// clone), an ignored signal set in that instant may be.
+fn ignored_signals() -> u64 {
+    let mut ignored = 0u64;
+    for sig in 1..65 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // The kernel's struct sigaction starts with the handler; the rest is not read.
+        let mut old = [0 as libc::c_ulong; 4];
+        // SAFETY: a query (no new action) into memory of the kernel's struct size for
+        // x86_64/aarch64/riscv64 (handler, flags, restorer, mask: four words). The raw call
+        // because glibc's sigaction refuses its two internal signals.
+        let got = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                std::ptr::null::<c_void>(),
+                old.as_mut_ptr(),
+                8usize,
+            )
+        };
+        if got == 0 && old[0] == libc::SIG_IGN as libc::c_ulong {
+            ignored |= 1u64 << (sig - 1);
+        }
+    }
+    ignored
+}
+
 /// The clone itself, with every signal blocked by the caller.
 fn clone_raw(
     cgroup: Option<RawFd>,
@@ -266,9 +303,24 @@ fn clone_raw(
     pidfd: &mut libc::c_int,
 ) -> (libc::pid_t, io::Error) {
     if let Some(fd) = cgroup {
-        let arg = args as *mut ChildArgs as *mut c_void;
-        // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
-        let ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd) };
+        let mut ret = -(libc::EINVAL as libc::c_long);
+        if CLEAR_SIGHAND.load(Ordering::Relaxed) {
+            args.handlers_cleared = true;
+            args.ignored = ignored_signals();
+            let arg = args as *mut ChildArgs as *mut c_void;
+            // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
+            ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, true) };
+            if ret == -(libc::EINVAL as libc::c_long) {
+                // A kernel before 5.5 knows no CLONE_CLEAR_SIGHAND: the child resets all.
+                CLEAR_SIGHAND.store(false, Ordering::Relaxed);
+            }
+        }
+        if ret == -(libc::EINVAL as libc::c_long) {
+            args.handlers_cleared = false;
+            let arg = args as *mut ChildArgs as *mut c_void;
+            // SAFETY: as above.
+            ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, false) };
+        }
         if ret >= 0 {
             return (ret as libc::pid_t, io::Error::from_raw_os_error(0));
         }
@@ -276,6 +328,7 @@ fn clone_raw(
         if errno != libc::ENOSYS && errno != libc::E2BIG {
             return (-1, io::Error::from_raw_os_error(errno));
         }
+        args.handlers_cleared = false;
         args.contain = args.contain.with_join_v2(fd);
     }
     let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal as sig
 import sys
 import threading
 import time
@@ -305,3 +306,30 @@ def test_pre_aborted_call_after_dispose_raises_disposed() -> None:
     with pytest.raises(ShellError) as info:
         ex.run_sync(spec)
     assert info.value.code == "DISPOSED"
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_no_disposition_of_the_harness_reaches_the_child(
+    service: SubprocessService, tmp_path: os.PathLike[str], containment: str
+) -> None:
+    # Cloned with CLONE_CLEAR_SIGHAND (a cgroup per call), the kernel resets the handlers
+    # and the child resets only what the harness ignores; without it (session containment)
+    # it resets everything. Either way the command starts with every signal at SIG_DFL.
+    rt = sig.SIGRTMIN + 3
+    saved = {s: sig.getsignal(s) for s in (sig.SIGUSR1, sig.SIGUSR2, sig.SIGWINCH, rt)}
+    sig.signal(sig.SIGUSR1, sig.SIG_IGN)
+    sig.signal(sig.SIGWINCH, sig.SIG_IGN)
+    sig.signal(rt, sig.SIG_IGN)
+    sig.signal(sig.SIGUSR2, lambda *_: None)
+    try:
+        ex = LocalShellExecutor(cwd=str(tmp_path), service=service, containment=containment)
+        r = run(ex, "cat /proc/self/status")  # cat installs no handler of its own
+    finally:
+        for s, handler in saved.items():
+            sig.signal(s, handler)
+    masks = [
+        line
+        for line in r.stdout.text.splitlines()
+        if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+    ]
+    assert masks == [f"{name}:\t{0:016x}" for name in ("SigBlk", "SigIgn", "SigCgt")]
