@@ -26,6 +26,7 @@ from shellseam import (
     SubprocessService,
 )
 
+from ..service import _call_limits
 from .child import ChildServer, run_child
 from .harness import (
     BASH,
@@ -65,8 +66,11 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
     cwd = os.fsencode(spec.workdir)
     argv = [a.encode() for a in TRUE_ARGV]
 
+    limits = _call_limits(spec.limits)
+
     def core_only() -> None:
-        proc = core.spawn(
+        # What run_sync's one native call does, with everything it takes prepared.
+        core.run(
             program=BASH.encode(),
             argv=argv,
             cwd=cwd,
@@ -76,8 +80,11 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
             stderr_cap=h.local.max_output_bytes,
             spill_cap=h.local.max_spill_bytes,
             grace_ms=h.local.grace_ms,
+            limits=limits,
+            timeout=spec.timeout_ms / 1000,
+            timeout_ms=spec.timeout_ms,
+            limits_record=spec.limits,
         )
-        proc.wait(None)
 
     try:
         samples = interleaved(
