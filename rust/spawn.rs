@@ -48,6 +48,10 @@ pub struct SpawnPlan {
     /// The spawning thread carries the base layer of the confinement's seccomp filter (the
     /// confined spawner): the child installs only the `clone3` layer.
     pub filter_inherited: bool,
+    /// The signals the harness ignores (see `ignored_signals`), read by the requesting
+    /// thread before it handed the spawn to a confined spawner, whose every syscall runs
+    /// through its filter; None: read by the spawning thread when it needs them.
+    pub ignored_signals: Option<u64>,
 }
 
 impl SpawnPlan {
@@ -70,6 +74,7 @@ impl SpawnPlan {
             rlimits: Vec::new(),
             bounding_set_cleared: false,
             filter_inherited: false,
+            ignored_signals: None,
         }
     }
 
@@ -212,7 +217,9 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
                 );
             }
             match slot.as_ref() {
-                Some(stack) => clone_child(plan.cgroup, &mut args, stack.top()),
+                Some(stack) => {
+                    clone_child(plan.cgroup, plan.ignored_signals, &mut args, stack.top())
+                }
                 None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
             }
         })
@@ -232,6 +239,7 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
 /// kernel without clone3 gets a plain clone and the child joins the cgroup itself first.
 fn clone_child(
     cgroup: Option<RawFd>,
+    known_ignored: Option<u64>,
     args: &mut ChildArgs,
     top: *mut c_void,
 ) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
@@ -248,7 +256,7 @@ fn clone_child(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    let (pid, clone_error) = clone_raw(cgroup, args, top, &mut pidfd);
+    let (pid, clone_error) = clone_raw(cgroup, known_ignored, args, top, &mut pidfd);
     // SAFETY: restores the mask saved above on this thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
@@ -268,7 +276,7 @@ static CLEAR_SIGHAND: AtomicBool = AtomicBool::new(true);
 /// disposition another thread changes while a spawn is under way is a race of that thread
 /// with the spawn, as with fork: a handler is never inherited (the kernel clears it at the
 /// clone), an ignored signal set in that instant may be.
-fn ignored_signals() -> u64 {
+pub(crate) fn ignored_signals() -> u64 {
     let mut ignored = 0u64;
     for sig in 1..65 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
@@ -298,6 +306,7 @@ fn ignored_signals() -> u64 {
 /// The clone itself, with every signal blocked by the caller.
 fn clone_raw(
     cgroup: Option<RawFd>,
+    known_ignored: Option<u64>,
     args: &mut ChildArgs,
     top: *mut c_void,
     pidfd: &mut libc::c_int,
@@ -306,7 +315,7 @@ fn clone_raw(
         let mut ret = -(libc::EINVAL as libc::c_long);
         if CLEAR_SIGHAND.load(Ordering::Relaxed) {
             args.handlers_cleared = true;
-            args.ignored = ignored_signals();
+            args.ignored = known_ignored.unwrap_or_else(ignored_signals);
             let arg = args as *mut ChildArgs as *mut c_void;
             // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
             ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, true) };

@@ -366,7 +366,12 @@ impl Service {
             .clone();
         drop(spawners);
         match spawner {
-            Some(spawner) => spawner.spawn(std::mem::replace(plan, SpawnPlan::handed_over())),
+            Some(spawner) => {
+                // Read here, unfiltered: on the spawner each of its ~64 syscalls would run
+                // through the thread's seccomp filter.
+                plan.ignored_signals = plan.cgroup.is_some().then(crate::spawn::ignored_signals);
+                spawner.spawn(std::mem::replace(plan, SpawnPlan::handed_over()))
+            }
             None => spawn(plan),
         }
     }
