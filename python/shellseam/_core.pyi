@@ -23,6 +23,7 @@ __all__ = [
     "Ruleset",
     "Rusage",
     "SandboxError",
+    "ShellTemplate",
     "SpawnError",
     "Supervisor",
     "_keeper_main",
@@ -214,6 +215,20 @@ class Proc:
         """Waits up to ``timeout``, then kills and waits for the end; the result."""
 
 @final
+class ShellTemplate:
+    """A shell executor's spawn settings that do not change from call to call."""
+
+    def __new__(
+        cls,
+        program: bytes,
+        argv0: bytes,
+        stderr_cap: int,
+        spill_cap: int,
+        grace_ms: int,
+        cgroup: bool,
+    ) -> ShellTemplate: ...
+
+@final
 class Collector:
     def __new__(cls, cap: int, spill_cap: int, spill_parent: str | PathLike[str]) -> Collector: ...
     def push(self, chunk: bytes) -> None: ...
@@ -365,6 +380,21 @@ class Supervisor:
         """A foreground run in one call: spawns as ``spawn`` does, waits up to ``timeout``
         seconds (then kills and waits for the end) and returns the result; the calling
         thread drives the process from its spawn on."""
+    def run_shell(
+        self,
+        template: ShellTemplate,
+        command: bytes,
+        cwd: bytes,
+        env: Env,
+        stdin: bytes,
+        stdout_cap: int,
+        ruleset: Ruleset | None,
+        limits: CallLimits | None,
+        timeout_ms: int,
+        limits_record: ResourceLimits,
+    ) -> ShellRunResult:
+        """``run`` for ``<shell> -c <command>`` with ``template``'s settings, its arguments
+        positional."""
     def begin_dispose(self) -> list[Proc]: ...
     def dispose(self, keep_spill: bool = False) -> None: ...
 

@@ -45,6 +45,7 @@ from .service import (
     EnvBuilder,
     ManagedProcess,
     Ruleset,
+    ShellTemplate,
     SubprocessService,
     default_service,
 )
@@ -285,6 +286,8 @@ class LocalShellExecutor(ShellExecutor):
         self._shell_program = _BASH if shell == "bash" else _shell_path(shell)
         self._shell_argv0 = os.fsencode(shell)
         self._env = self._env_builder(())
+        #: The settings ``run_shell`` takes from this executor, and what they were made of.
+        self._template: tuple[tuple[object, ...], ShellTemplate] | None = None
 
     def _env_builder(
         self, drop_names: Sequence[bytes], fixed: Sequence[tuple[str, str]] = ()
@@ -389,13 +392,43 @@ class LocalShellExecutor(ShellExecutor):
         """Spawns, waits and collects the call in one native call (``SubprocessService.run``)
         and settles its confinement."""
         service = self.service
+        stdin = spec.stdin
+        if type(stdin) is not bytes:
+            stdin = stdin.encode() if isinstance(stdin, str) else b""
+        try:
+            command = spec.command.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
+            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
+        if len(command) > _MAX_ARG_BYTES:
 
-        def run(**call: Any) -> ShellRunResult:
-            return service.run(**call, timeout_ms=spec.timeout_ms)
+            def run(**call: Any) -> ShellRunResult:
+                return service.run(**call, timeout_ms=spec.timeout_ms)
 
-        result, conf = self._launch(spec, spec.stdout_max_bytes, run)
-        conf.settle()
-        return result
+            result, conf = self._launch(spec, spec.stdout_max_bytes, run)
+            conf.settle()
+            return result
+        # The hot path: the executor's fixed settings prepared once, the rest positional.
+        key = (service, self.max_output_bytes, self.max_spill_bytes, self.grace_ms)
+        template = self._template
+        if template is None or template[0] != key:
+            cgroup = self.containment == "auto"
+            made = service.shell_template(self._shell_program, self._shell_argv0, *key[1:], cgroup)
+            template = self._template = (key, made)
+        conf = self._prepare(spec)
+        try:
+            return service.run_shell(
+                template[1],
+                command,
+                spec.workdir,
+                self._child_env(spec, conf),
+                stdin,
+                spec.stdout_max_bytes,
+                conf.ruleset,
+                spec.limits,
+                spec.timeout_ms,
+            )
+        finally:
+            conf.settle()
 
     def _launch(
         self, spec: ShellExecSpec, stdout_cap: int, start: Callable[..., _T]

@@ -43,6 +43,7 @@ Finished: TypeAlias = _core.Finished
 ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
+ShellTemplate: TypeAlias = _core.ShellTemplate
 #: Containment facts of a settled call, and of the host.
 NativeResources: TypeAlias = _core.Resources
 HostContainment: TypeAlias = _core.ContainmentFacts
@@ -478,6 +479,52 @@ class SubprocessService:
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
         return ManagedProcess(self, proc)
+
+    def shell_template(
+        self,
+        program: bytes,
+        argv0: bytes,
+        stderr_cap: int,
+        spill_cap: int,
+        grace_ms: int,
+        cgroup: bool,
+    ) -> ShellTemplate:
+        """An executor's fixed settings for ``run_shell`` (checked here, once)."""
+        _check_caps(0, stderr_cap, spill_cap, grace_ms)
+        return _core.ShellTemplate(program, argv0, stderr_cap, spill_cap, grace_ms, cgroup)
+
+    def run_shell(
+        self,
+        template: ShellTemplate,
+        command: bytes,
+        cwd: str,
+        env: ChildEnv,
+        stdin: bytes,
+        stdout_cap: int,
+        ruleset: Ruleset | None,
+        limits: ResourceLimits,
+        timeout_ms: int,
+    ) -> ShellRunResult:
+        """``run`` of ``<shell> -c <command>`` with ``template``'s settings: a foreground
+        run's hot path, every argument positional."""
+        if not (type(stdout_cap) is int and 0 <= stdout_cap <= MAX_BYTES):
+            config_int(stdout_cap, "stdout_cap", minimum=0, maximum=MAX_BYTES)
+        try:
+            result: ShellRunResult = self._supervisor.run_shell(
+                template,
+                command,
+                _cwd_bytes(cwd),
+                env,
+                stdin,
+                stdout_cap,
+                ruleset,
+                _call_limits(limits),
+                timeout_ms,
+                limits,
+            )
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        return result
 
     def run(
         self,

@@ -141,6 +141,7 @@ pub(crate) fn wait_with_signals(
 pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervisor::Supervisor>()?;
     m.add_class::<proc::Proc>()?;
+    m.add_class::<supervisor::ShellTemplate>()?;
     m.add_class::<notifier::Notifier>()?;
     m.add_class::<ruleset::Ruleset>()?;
     m.add_class::<collector::Collector>()?;

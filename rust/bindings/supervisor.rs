@@ -22,6 +22,40 @@ pub struct Supervisor {
     inner: Arc<Service>,
 }
 
+/// A shell executor's spawn settings that do not change from call to call, prepared once
+/// for `Supervisor.run_shell` (its Python caller then passes only what each call brings).
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct ShellTemplate {
+    program: Vec<u8>,
+    argv0: Vec<u8>,
+    stderr_cap: usize,
+    spill_cap: u64,
+    grace_ms: u64,
+    cgroup: bool,
+}
+
+#[pymethods]
+impl ShellTemplate {
+    #[new]
+    fn new(
+        program: Vec<u8>,
+        argv0: Vec<u8>,
+        stderr_cap: usize,
+        spill_cap: u64,
+        grace_ms: u64,
+        cgroup: bool,
+    ) -> Self {
+        Self {
+            program,
+            argv0,
+            stderr_cap,
+            spill_cap,
+            grace_ms,
+            cgroup,
+        }
+    }
+}
+
 /// One spawn's arguments as Python passed them.
 struct Call<'a> {
     program: Vec<u8>,
@@ -231,6 +265,41 @@ impl Supervisor {
         let drive = timeout.is_none_or(|t| t > 0.0);
         let proc = self.start(py, call, drive)?;
         super::proc::run_to_end(py, &proc, timeout, timeout_ms, &limits_record)
+    }
+
+    /// `run` for `<shell> -c <command>` with `template`'s settings, its arguments positional:
+    /// a foreground run's whole call from Python, where keywords cost a dict per level.
+    #[allow(clippy::too_many_arguments)]
+    fn run_shell<'py>(
+        &self,
+        py: Python<'py>,
+        template: &ShellTemplate,
+        command: Vec<u8>,
+        cwd: Vec<u8>,
+        env: &Env,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        ruleset: Option<&Ruleset>,
+        limits: Option<&CallLimits>,
+        timeout_ms: u64,
+        limits_record: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let call = Call {
+            program: template.program.clone(),
+            argv: vec![template.argv0.clone(), b"-c".to_vec(), command],
+            cwd,
+            env,
+            stdin,
+            caps: (stdout_cap, template.stderr_cap, template.spill_cap),
+            grace_ms: template.grace_ms,
+            ruleset,
+            script_fd: None,
+            limits,
+            cgroup: template.cgroup,
+        };
+        let timeout = Duration::from_millis(timeout_ms).as_secs_f64();
+        let proc = self.start(py, call, timeout_ms > 0)?;
+        super::proc::run_to_end(py, &proc, Some(timeout), timeout_ms, &limits_record)
     }
 
     /// Refuses new spawns and requests the kill of every live process (no waiting).
