@@ -138,10 +138,13 @@ impl Keeper {
         let child = spawn(&plan).map_err(|e| io::Error::from_raw_os_error(e.errno))?;
         // Its stdout and stderr are not read: writes there fail with EPIPE (ignored).
         drop((child.pipes.stdout, child.pipes.stderr));
+        let Some(pipe) = child.pipes.stdin else {
+            return Err(io::Error::from_raw_os_error(libc::EBADF)); // spawn always makes it
+        };
         Ok(Self {
             pid: child.pid,
             pidfd: child.pidfd,
-            pipe: child.pipes.stdin,
+            pipe,
         })
     }
 

@@ -114,9 +114,10 @@ pub(crate) struct StdinFeed {
 }
 
 impl StdinFeed {
-    pub fn new(fd: OwnedFd, data: Vec<u8>) -> Self {
+    /// `fd`: None when the pipe was closed already (nothing to write).
+    pub fn new(fd: Option<OwnedFd>, data: Vec<u8>) -> Self {
         Self {
-            fd: Some(ForkClosed::new(fd)),
+            fd: fd.map(ForkClosed::new),
             key: None,
             data,
             off: 0,

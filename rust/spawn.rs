@@ -91,7 +91,9 @@ impl SpawnPlan {
 
 /// The parent's ends of the child's stdio pipes.
 pub struct ParentPipes {
-    pub stdin: OwnedFd,
+    /// None once closed early: a foreground spawn with nothing to write (see
+    /// `Service::spawn_child`).
+    pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
 }
@@ -170,8 +172,12 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
     ptrs
 }
 
-/// Spawns `plan` as the leader of a new process group with piped stdio.
-pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
+/// The child's ends of its stdio pipes (stdin's read end, stdout's and stderr's write ends),
+/// above the stdio range; closed once the child has them.
+pub struct ChildEnds(OwnedFd, OwnedFd, OwnedFd);
+
+/// A child's stdio pipes: its ends, and ours (non-blocking).
+pub fn make_pipes() -> Result<(ChildEnds, ParentPipes), SpawnError> {
     let pipe_err = |e: io::Error| SpawnError::from_io(SpawnStage::Pipes, &e);
     let (stdin_r, stdin_w) = cloexec_pipe().map_err(pipe_err)?;
     let (stdout_r, stdout_w) = cloexec_pipe().map_err(pipe_err)?;
@@ -182,7 +188,28 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
     for fd in [&stdin_w, &stdout_r, &stderr_r] {
         set_nonblocking(fd).map_err(pipe_err)?;
     }
+    let ours = ParentPipes {
+        stdin: Some(stdin_w),
+        stdout: stdout_r,
+        stderr: stderr_r,
+    };
+    Ok((ChildEnds(stdin_r, stdout_w, stderr_w), ours))
+}
 
+/// Spawns `plan` as the leader of a new process group with piped stdio.
+pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
+    let (child_ends, pipes) = make_pipes()?;
+    let (pid, pidfd) = spawn_with(plan, child_ends)?;
+    Ok(Spawned { pid, pidfd, pipes })
+}
+
+/// Spawns `plan` on stdio pipes made beforehand (`make_pipes`): the pid and pidfd. The
+/// child's ends are closed here, whatever happens.
+pub fn spawn_with(
+    plan: &SpawnPlan,
+    child_ends: ChildEnds,
+) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
+    let ChildEnds(stdin_r, stdout_w, stderr_w) = child_ends;
     let argv = null_terminated(&plan.argv);
     let envp = null_terminated(&plan.envp);
     let args = ChildArgs {
@@ -224,13 +251,8 @@ pub fn spawn(plan: &SpawnPlan) -> Result<Spawned, SpawnError> {
             }
         })
         .and_then(|(pid, pidfd)| {
-            finish_spawn(
-                pid,
-                pidfd,
-                args.report.load(Ordering::Acquire),
-                (stdin_r, stdout_w, stderr_w),
-                (stdin_w, stdout_r, stderr_r),
-            )
+            drop((stdin_r, stdout_w, stderr_w));
+            finish_spawn(pid, pidfd, args.report.load(Ordering::Acquire))
         })
 }
 
@@ -356,28 +378,16 @@ fn clone_raw(
     (pid, io::Error::last_os_error())
 }
 
-/// After the child exec'd or failed: closes the child's ends and reads its report.
+/// After the child exec'd or failed: reads its report.
 fn finish_spawn(
     pid: libc::pid_t,
     pidfd: OwnedFd,
     report: u64,
-    child_ends: (OwnedFd, OwnedFd, OwnedFd),
-    parent_ends: (OwnedFd, OwnedFd, OwnedFd),
-) -> Result<Spawned, SpawnError> {
-    let (stdin_w, stdout_r, stderr_r) = parent_ends;
-    drop(child_ends);
+) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
     if report != 0 {
         crate::sys::reap_blocking(pid);
         let (stage, errno) = ((report >> 32) as u32, report as u32 as i32);
         return Err(SpawnError::new(SpawnStage::from_code(stage), errno));
     }
-    Ok(Spawned {
-        pid,
-        pidfd,
-        pipes: ParentPipes {
-            stdin: stdin_w,
-            stdout: stdout_r,
-            stderr: stderr_r,
-        },
-    })
+    Ok((pid, pidfd))
 }

@@ -18,25 +18,51 @@
 //! and back costs two thread wake-ups, a fraction of what it saves.
 
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::confine::LOCKED_SECUREBITS;
 use crate::errors::{SpawnError, SpawnStage};
 use crate::seccomp::{self, FilterPolicy};
-use crate::spawn::{spawn, SpawnPlan, Spawned};
+use crate::spawn::{make_pipes, spawn_with, ChildEnds, SpawnPlan, Spawned};
 use crate::sys::lock;
+
+/// What the thread answers: the child's pid and pidfd.
+type Answer = Result<(libc::pid_t, OwnedFd), SpawnError>;
 
 /// One caller's answer: filled by the thread, waited for by the caller.
 #[derive(Default)]
 struct Reply {
-    result: Mutex<Option<Result<Spawned, SpawnError>>>,
+    result: Mutex<Option<Answer>>,
     filled: Condvar,
+}
+
+/// A spawn handed to the thread; `wait` for its answer.
+pub struct Pending {
+    reply: Arc<Reply>,
+}
+
+impl Pending {
+    /// The child's pid and pidfd, once the thread has them (the child exec'd or failed).
+    pub fn wait(self) -> Answer {
+        let mut result = lock(&self.reply.result);
+        loop {
+            if let Some(done) = result.take() {
+                return done;
+            }
+            result = self
+                .reply
+                .filled
+                .wait(result)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
 }
 
 /// The job queue; `open == false` once the spawner is stopped.
 struct Queue {
-    jobs: VecDeque<(SpawnPlan, Arc<Reply>)>,
+    jobs: VecDeque<(SpawnPlan, ChildEnds, Arc<Reply>)>,
     open: bool,
 }
 
@@ -89,7 +115,7 @@ fn carry_base_filter(policy: FilterPolicy) -> bool {
 /// The thread's loop: one spawn at a time until the queue is closed and empty.
 fn serve(shared: &Shared) {
     loop {
-        let (plan, reply) = {
+        let (plan, child_ends, reply) = {
             let mut queue = lock(&shared.queue);
             loop {
                 if let Some(job) = queue.jobs.pop_front() {
@@ -105,8 +131,10 @@ fn serve(shared: &Shared) {
             }
         };
         // A panic must not leave the caller waiting for an answer that never comes.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spawn(&plan)))
-            .unwrap_or_else(|_| Err(SpawnError::new(SpawnStage::Clone, libc::EIO)));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            spawn_with(&plan, child_ends)
+        }))
+        .unwrap_or_else(|_| Err(SpawnError::new(SpawnStage::Clone, libc::EIO)));
         *lock(&reply.result) = Some(result);
         reply.filled.notify_one();
     }
@@ -159,7 +187,19 @@ impl ConfinedSpawner {
 
     /// Spawns `plan` on the thread (its children inherit the base filter and, for a
     /// privileged harness, the dropped bounding set and locked securebits) and waits.
-    pub fn spawn(&self, mut plan: SpawnPlan) -> Result<Spawned, SpawnError> {
+    pub fn spawn(&self, plan: SpawnPlan) -> Result<Spawned, SpawnError> {
+        let (child_ends, pipes) = make_pipes()?;
+        let (pid, pidfd) = self.submit(plan, child_ends)?.wait()?;
+        Ok(Spawned { pid, pidfd, pipes })
+    }
+
+    /// Hands `plan`, with the child's ends of pipes the caller made (`make_pipes`), to the
+    /// thread without waiting: the caller may wait on its own ends of the pipes first.
+    pub fn submit(
+        &self,
+        mut plan: SpawnPlan,
+        child_ends: ChildEnds,
+    ) -> Result<Pending, SpawnError> {
         plan.filter_inherited = true;
         plan.bounding_set_cleared = self.bounding_set_cleared;
         let reply = Arc::new(Reply::default());
@@ -168,19 +208,10 @@ impl ConfinedSpawner {
             if !queue.open {
                 return Err(SpawnError::new(SpawnStage::Clone, libc::ESRCH));
             }
-            queue.jobs.push_back((plan, Arc::clone(&reply)));
+            queue.jobs.push_back((plan, child_ends, Arc::clone(&reply)));
         }
         self.shared.queued.notify_one();
-        let mut result = lock(&reply.result);
-        loop {
-            if let Some(done) = result.take() {
-                return done;
-            }
-            result = reply
-                .filled
-                .wait(result)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
+        Ok(Pending { reply })
     }
 
     /// Ends the thread (after the spawns already queued).

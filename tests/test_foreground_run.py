@@ -21,6 +21,7 @@ import pytest
 from shellseam import (
     LocalShellExecutor,
     ResourceLimits,
+    SandboxShellExecutor,
     ShellError,
     ShellExecRequest,
     SubprocessService,
@@ -185,3 +186,58 @@ def test_every_change_of_the_harness_environment_is_seen(
     monkeypatch.setenv("SS_PROBE", "bbbb")
     seen.append(ex.run_sync(spec).stdout.text)
     assert seen == ["aaaa|", "aaaa|", "bbbb|", "unset|", "bbbb|"]
+
+
+# -- a confined foreground run waits on its pipes before the spawner's answer ----------
+
+
+@pytest.fixture
+def sandboxed(service: SubprocessService, tmp_path: os.PathLike[str]) -> SandboxShellExecutor:
+    return SandboxShellExecutor(
+        mode="workspace-write", cwd=str(tmp_path), grace_ms=300, service=service
+    )
+
+
+def _sb(ex: SandboxShellExecutor, command: str, **fields: object) -> ShellRunResult:
+    return ex.run_sync(ex.resolve(ShellExecRequest(command=command, **fields)))  # type: ignore[arg-type]
+
+
+def test_confined_stdin_is_closed_at_once_without_input(sandboxed: SandboxShellExecutor) -> None:
+    r = _sb(sandboxed, "read -r line; echo rc=$?; cat; echo end")
+    assert r.stdout.text == "rc=1\nend\n" and r.exit_code == 0
+
+
+def test_confined_stdin_is_fed(sandboxed: SandboxShellExecutor) -> None:
+    data = "".join(f"line {i}\n" for i in range(20_000))  # more than a pipe holds
+    r = _sb(sandboxed, "wc -l", stdin=data)
+    assert r.stdout.text.strip() == "20000"
+
+
+def test_confined_output_after_a_silent_start_is_whole(sandboxed: SandboxShellExecutor) -> None:
+    # Silent past the first wait on the pipes, then output on both streams.
+    r = _sb(sandboxed, "sleep 0.05; printf out; printf err >&2; exit 4")
+    assert (r.stdout.text, r.stderr.text, r.exit_code) == ("out", "err", 4)
+
+
+def test_confined_leader_exit_with_a_silent_holder(sandboxed: SandboxShellExecutor) -> None:
+    started = time.monotonic()
+    r = _sb(sandboxed, "sleep 30 &")
+    assert time.monotonic() - started < 10
+    assert r.exit_code == 0 and r.leftover_killed == 1
+
+
+def test_confined_timeout(sandboxed: SandboxShellExecutor) -> None:
+    r = _sb(sandboxed, "sleep 30", timeout_ms=200)
+    assert r.timed_out and r.signal == "SIGTERM"
+
+
+def test_confined_spawn_failure_is_reported(
+    sandboxed: SandboxShellExecutor, tmp_path: os.PathLike[str]
+) -> None:
+    gone = os.path.join(tmp_path, "gone")
+    os.mkdir(gone)
+    spec = sandboxed.resolve(ShellExecRequest(command="true", workdir=gone))
+    os.rmdir(gone)
+    with pytest.raises(ShellError) as err:
+        sandboxed.run_sync(spec)
+    assert err.value.code == "SPAWN_FAILED"
