@@ -277,9 +277,13 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
 
 fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     // Whatever already sits in the pipes was produced: keep it, then let go of the pipes.
-    let mut scratch = vec![0u8; 64 * 1024];
-    drain_stream(proc, st, true, &mut scratch, Drain::Final);
-    drain_stream(proc, st, false, &mut scratch, Drain::Final);
+    // (Usually both hung up and are closed by now: no buffer then, where a zeroed 64 KiB
+    // one cost every call a calloc and a memset.)
+    if st.stdout.fd.is_some() || st.stderr.fd.is_some() {
+        let mut scratch = vec![0u8; 64 * 1024];
+        drain_stream(proc, st, true, &mut scratch, Drain::Final);
+        drain_stream(proc, st, false, &mut scratch, Drain::Final);
+    }
     st.stdout.collector.flush();
     st.stderr.collector.flush();
     lock(&proc.shared.spill).keep_private();
