@@ -139,7 +139,13 @@ impl Keeper {
         // Its stdout and stderr are not read: writes there fail with EPIPE (ignored).
         drop((child.pipes.stdout, child.pipes.stderr));
         let Some(pipe) = child.pipes.stdin else {
-            return Err(io::Error::from_raw_os_error(libc::EBADF)); // spawn always makes it
+            // Not reached (spawn always makes it): no keeper without its pipe.
+            // SAFETY: kills our own child, then reaps it.
+            unsafe {
+                libc::kill(child.pid, libc::SIGKILL);
+            }
+            crate::sys::reap_blocking(child.pid);
+            return Err(io::Error::from_raw_os_error(libc::EBADF));
         };
         Ok(Self {
             pid: child.pid,

@@ -241,3 +241,73 @@ def test_confined_spawn_failure_is_reported(
     with pytest.raises(ShellError) as err:
         sandboxed.run_sync(spec)
     assert err.value.code == "SPAWN_FAILED"
+
+
+# -- found by this stop's review ------------------------------------------------------------
+
+
+def test_an_interrupt_during_the_timeouts_kill_still_waits_for_the_end(
+    tmp_path: os.PathLike[str],
+) -> None:
+    # The timeout has fired and the command ignores SIGTERM: an interrupt in the grace
+    # period must not return while the command still runs (its SIGKILL comes at the grace).
+    service = SubprocessService()
+    ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=1500, service=service)
+    marker = os.path.join(tmp_path, "pid")
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        time.sleep(0.8)  # past the 300 ms timeout, inside the 1.5 s grace
+        signal.pthread_kill(main, signal.SIGINT)
+
+    spec = ex.resolve(
+        ShellExecRequest(
+            command=f"trap '' TERM; echo $$ > {marker}; while :; do sleep 0.05; done",
+            timeout_ms=300,
+        )
+    )
+    threading.Thread(target=interrupt).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ex.run_sync(spec)
+        with open(marker) as f:
+            pid = int(f.read())
+        assert not _alive(pid)
+    finally:
+        service.dispose()
+
+
+def test_a_field_swapped_for_an_equal_value_of_another_type_is_checked(
+    ex: LocalShellExecutor,
+) -> None:
+    spec = ex.resolve(ShellExecRequest(command="true"))
+    object.__setattr__(spec, "timeout_ms", float(spec.timeout_ms))
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(spec)
+    assert err.value.code == "INVALID_REQUEST"
+
+
+def test_containment_changed_after_a_run_is_followed(ex: LocalShellExecutor) -> None:
+    spec = ex.resolve(ShellExecRequest(command="cat /proc/self/cgroup"))
+    assert "/shellseam-" in ex.run_sync(spec).stdout.text
+    ex.containment = "session"
+    assert "/shellseam-" not in ex.run_sync(spec).stdout.text
+
+
+def test_a_mutable_environment_entry_is_never_served_stale(ex: LocalShellExecutor) -> None:
+    import posix
+
+    value = bytearray(b"one")
+    posix.environ[b"SS_MUTABLE"] = value  # type: ignore[assignment]
+    spec = ex.resolve(ShellExecRequest(command="printf '%s' \"$SS_MUTABLE\""))
+    seen = []
+    try:
+        for text in (b"one", b"two"):
+            value[:] = text
+            try:
+                seen.append(ex.run_sync(spec).stdout.text)
+            except TypeError:
+                seen.append(None)  # refused, as a non-bytes entry always was
+    finally:
+        del posix.environ[b"SS_MUTABLE"]
+    assert seen[1] in ("two", None)

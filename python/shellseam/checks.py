@@ -9,6 +9,7 @@ it panic or overflow.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import fields
 
@@ -215,8 +216,8 @@ def mark_checked(spec: ShellExecSpec) -> ShellExecSpec:
 def check_spec(spec: object) -> ShellExecSpec:
     """A spec as ``resolve`` would have produced it; hand-built specs are checked here.
 
-    A spec ``resolve`` marked (``mark_checked``) whose values are still the ones it checked
-    is not checked again; any other spec, a copy made with ``dataclasses.replace`` or a
+    A spec ``resolve`` marked (``mark_checked``) whose values are still the very objects it
+    checked is not checked again; any other spec, a copy made with ``dataclasses.replace`` or a
     field changed behind the frozen dataclass's back included, is checked in full."""
     if type(spec) is ShellExecSpec:
         mark = spec.__dict__.get(_CHECKED)
@@ -224,7 +225,7 @@ def check_spec(spec: object) -> ShellExecSpec:
             mark is not None
             and spec.env is None
             and spec.managed_env is None
-            and mark == _checked_fields(spec)
+            and all(map(operator.is_, mark, _checked_fields(spec)))
         ):
             return spec
     if not isinstance(spec, ShellExecSpec):

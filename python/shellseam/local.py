@@ -408,11 +408,23 @@ class LocalShellExecutor(ShellExecutor):
             conf.settle()
             return result
         # The hot path: the executor's fixed settings prepared once, the rest positional.
-        key = (service, self.max_output_bytes, self.max_spill_bytes, self.grace_ms)
+        key = (
+            service,
+            self.max_output_bytes,
+            self.max_spill_bytes,
+            self.grace_ms,
+            self.containment,
+        )
         template = self._template
         if template is None or template[0] != key:
-            cgroup = self.containment == "auto"
-            made = service.shell_template(self._shell_program, self._shell_argv0, *key[1:], cgroup)
+            made = service.shell_template(
+                self._shell_program,
+                self._shell_argv0,
+                self.max_output_bytes,
+                self.max_spill_bytes,
+                self.grace_ms,
+                self.containment == "auto",
+            )
             template = self._template = (key, made)
         conf = self._prepare(spec)
         try:

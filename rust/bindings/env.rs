@@ -99,10 +99,17 @@ impl EnvSource for PyEnviron<'_, '_> {
     }
 
     fn pairs(&self) -> PyResult<Vec<EnvPair>> {
+        // Bytes only, as `equals` reads them: a mutable entry (a bytearray) could change
+        // under the same object and the identity check would not see it.
         let pairs = self
             .dict
             .iter()
-            .map(|(k, v)| Ok((k.extract::<Vec<u8>>()?, v.extract::<Vec<u8>>()?)))
+            .map(|(k, v)| {
+                Ok((
+                    k.extract::<&[u8]>()?.to_vec(),
+                    v.extract::<&[u8]>()?.to_vec(),
+                ))
+            })
             .collect::<PyResult<Vec<_>>>()?;
         // The new snapshot is made of these objects' bytes.
         self.remember(&mut lock(self.seen));

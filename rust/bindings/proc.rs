@@ -141,8 +141,9 @@ impl Proc {
 
 /// A foreground run's wait: up to `timeout` seconds, then the kill and the wait for the end;
 /// the `ShellRunResult`, `timed_out` when the timeout fired. Interrupted by a signal handler
-/// that raises (KeyboardInterrupt), it kills the group and waits for it before raising:
-/// nothing of a foreground run outlives it.
+/// that raises (KeyboardInterrupt), it kills the group and waits for it before raising, as
+/// `run_sync` always did: nothing of a foreground run outlives it. A second interrupt ends
+/// that wait too (the kill's escalation goes on in the supervisor, which has the process).
 pub(crate) fn run_to_end<'py>(
     py: Python<'py>,
     proc: &Arc<CoreProc>,
@@ -156,22 +157,13 @@ pub(crate) fn run_to_end<'py>(
     };
     let timed_out = match waited {
         Ok(done) => !done,
-        Err(err) => {
-            let inner = Arc::clone(proc);
-            py.detach(move || {
-                inner.kill();
-                inner.wait(None);
-            });
-            return Err(err);
-        }
+        Err(err) => return Err(kill_and_wait(py, proc).err().unwrap_or(err)),
     };
     if timed_out {
-        let inner = Arc::clone(proc);
-        py.detach(move || {
-            inner.kill();
-        });
-        let inner = Arc::clone(proc);
-        wait_with_signals(py, None, move |slice| inner.wait(Some(slice)))?;
+        if let Err(err) = kill_and_wait(py, proc) {
+            // Interrupted while the timeout's kill runs its grace: wait on, as above.
+            return Err(kill_and_wait(py, proc).err().unwrap_or(err));
+        }
     }
     let ending = results::Ending {
         timed_out,
@@ -180,4 +172,14 @@ pub(crate) fn run_to_end<'py>(
     };
     results::shell_result(py, proc, ending, limits)?
         .ok_or_else(|| PyRuntimeError::new_err("an unbounded wait returns settled"))
+}
+
+/// Kills the group and waits for the end (a raising signal handler ends the wait: its error).
+fn kill_and_wait(py: Python<'_>, proc: &Arc<CoreProc>) -> PyResult<()> {
+    let inner = Arc::clone(proc);
+    py.detach(move || {
+        inner.kill();
+    });
+    let inner = Arc::clone(proc);
+    wait_with_signals(py, None, move |slice| inner.wait(Some(slice))).map(|_| ())
 }

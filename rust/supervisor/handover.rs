@@ -57,7 +57,7 @@ struct Taken {
 /// whose registration was deferred joins the epoll set now: nobody else would watch it).
 fn take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
     let taken = try_take(proc, st);
-    if taken.is_none() && !st.in_epoll && !st.caller_driven {
+    if taken.is_none() && needs_watching(st) {
         give_back(proc, st);
     }
     taken
@@ -105,9 +105,16 @@ fn try_take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
 /// drives it (a waiter that does not drive must not be left with nobody watching).
 pub(crate) fn ensure_watched(proc: &Proc) {
     let mut st = lock(&proc.state);
-    if !st.in_epoll && !st.caller_driven {
+    if needs_watching(&st) {
         give_back(proc, &mut st);
     }
+}
+
+/// Out of the epoll set with nobody driving it, and registered already (a waiter racing the
+/// spawn, `dispose` for one, may come before `watch_all` gave it its routes: registering is
+/// then still `watch_all`'s).
+fn needs_watching(st: &ProcState) -> bool {
+    !st.in_epoll && !st.caller_driven && st.pidfd_key.is_some()
 }
 
 /// Gives what is still open back to the supervisor.
