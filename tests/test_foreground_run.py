@@ -1,4 +1,4 @@
-"""A foreground run in one native call (``SubprocessService.run``, behind ``run_sync``).
+"""A foreground run in one native call (``SubprocessService.run_shell``, behind ``run_sync``).
 
 The calling thread drives its process from the spawn on, so the command's pipes and pidfd
 join the supervisor's epoll set only when the caller hands them over. What users rely on:
@@ -36,18 +36,9 @@ def _run(
     service: SubprocessService, command: str, *, stdin: bytes = b"", timeout_ms: int = 30_000
 ) -> ShellRunResult:
     env = _core.Env.from_pairs([(b"PATH", os.environ.get("PATH", "/usr/bin:/bin").encode())])
-    return service.run(
-        program=b"/bin/bash",
-        argv=[b"bash", b"-c", command.encode()],
-        cwd="/",
-        env=env,
-        stdin=stdin,
-        stdout_cap=1 << 20,
-        stderr_cap=1 << 20,
-        spill_cap=1 << 30,
-        grace_ms=300,
-        limits=LIMITS,
-        timeout_ms=timeout_ms,
+    template = service.shell_template(b"/bin/bash", b"bash", 1 << 20, 1 << 30, 300, True)
+    return service.run_shell(
+        template, command.encode(), "/", env, stdin, 1 << 20, None, LIMITS, timeout_ms
     )
 
 
@@ -311,3 +302,19 @@ def test_a_mutable_environment_entry_is_never_served_stale(ex: LocalShellExecuto
     finally:
         del posix.environ[b"SS_MUTABLE"]
     assert seen[1] in ("two", None)
+
+
+def test_a_long_command_runs_in_the_foreground_call(ex: LocalShellExecutor) -> None:
+    # Beyond one argument's limit the shell reads the command from a sealed memfd, in the
+    # same one native call.
+    filler = "#" + "x" * (300 * 1024) + "\n"
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command=filler + "echo $0 done")))
+    assert r.stdout.text == "bash done\n" and r.exit_code == 0
+
+
+def test_bytes_stdin_of_a_bytes_subclass_is_passed(ex: LocalShellExecutor) -> None:
+    class Payload(bytes):
+        pass
+
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="cat", stdin=Payload(b"kept"))))
+    assert r.stdout.text == "kept"

@@ -357,29 +357,6 @@ class Supervisor:
         limits: CallLimits | None = None,
         cgroup: bool = True,
     ) -> Proc: ...
-    def run(
-        self,
-        *,
-        program: bytes,
-        argv: list[bytes],
-        cwd: bytes,
-        env: Env,
-        stdin: bytes,
-        stdout_cap: int,
-        stderr_cap: int,
-        spill_cap: int,
-        grace_ms: int,
-        ruleset: Ruleset | None = None,
-        script_fd: int | None = None,
-        limits: CallLimits | None = None,
-        cgroup: bool = True,
-        timeout: float | None,
-        timeout_ms: int,
-        limits_record: ResourceLimits,
-    ) -> ShellRunResult:
-        """A foreground run in one call: spawns as ``spawn`` does, waits up to ``timeout``
-        seconds (then kills and waits for the end) and returns the result; the calling
-        thread drives the process from its spawn on."""
     def run_shell(
         self,
         template: ShellTemplate,
@@ -392,9 +369,11 @@ class Supervisor:
         limits: CallLimits | None,
         timeout_ms: int,
         limits_record: ResourceLimits,
+        script_fd: int | None = None,
     ) -> ShellRunResult:
-        """``run`` for ``<shell> -c <command>`` with ``template``'s settings, its arguments
-        positional."""
+        """A foreground run in one call: spawns ``<shell> -c <command>`` with ``template``'s
+        settings, waits up to ``timeout_ms`` (then kills and waits for the end) and returns
+        the result; the calling thread drives the process from its spawn on."""
     def begin_dispose(self) -> list[Proc]: ...
     def dispose(self, keep_spill: bool = False) -> None: ...
 

@@ -15,7 +15,7 @@ import posix
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from .checks import (
     MAX_BYTES,
@@ -65,7 +65,6 @@ ContainmentMode = Literal["auto", "session"]
 
 #: The default ceilings: a fork bomb stops at 4096 processes instead of taking the host.
 DEFAULT_LIMITS = ResourceLimits(max_processes=4096)
-_T = TypeVar("_T")
 
 #: Settings that keep pagers and colour codes out of a model-read result (Codex's set).
 TERMINAL_ENV: tuple[tuple[str, str], ...] = (
@@ -191,6 +190,17 @@ def _names(value: object, name: str) -> tuple[str, ...]:
         if not item or "\0" in item:
             raise ValueError(f"{name} entries must be non-empty without NUL, got {item!r}")
     return items
+
+
+def _encoded(spec: ShellExecSpec) -> tuple[bytes, bytes]:
+    """The call's stdin and command as bytes."""
+    stdin = spec.stdin
+    if not isinstance(stdin, bytes):
+        stdin = stdin.encode() if isinstance(stdin, str) else b""
+    try:
+        return stdin, spec.command.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
+        raise invalid(f"not encodable as UTF-8: {err.reason}") from None
 
 
 def _script_memfd(command: bytes) -> int:
@@ -386,86 +396,14 @@ class LocalShellExecutor(ShellExecutor):
     def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> tuple[ManagedProcess, Confinement]:
         """Spawns the call; the caller settles the confinement when the call settles (a
         foreground call right after its wait, a background one from its done callback)."""
-        return self._launch(spec, stdout_cap, self.service.spawn)
-
-    def _run_foreground(self, spec: ShellExecSpec) -> ShellRunResult:
-        """Spawns, waits and collects the call in one native call (``SubprocessService.run``)
-        and settles its confinement."""
-        service = self.service
-        stdin = spec.stdin
-        if type(stdin) is not bytes:
-            stdin = stdin.encode() if isinstance(stdin, str) else b""
-        try:
-            command = spec.command.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
-            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
-        if len(command) > _MAX_ARG_BYTES:
-
-            def run(**call: Any) -> ShellRunResult:
-                return service.run(**call, timeout_ms=spec.timeout_ms)
-
-            result, conf = self._launch(spec, spec.stdout_max_bytes, run)
-            conf.settle()
-            return result
-        # The hot path: the executor's fixed settings prepared once, the rest positional.
-        key = (
-            service,
-            self.max_output_bytes,
-            self.max_spill_bytes,
-            self.grace_ms,
-            self.containment,
-        )
-        template = self._template
-        if template is None or template[0] != key:
-            made = service.shell_template(
-                self._shell_program,
-                self._shell_argv0,
-                self.max_output_bytes,
-                self.max_spill_bytes,
-                self.grace_ms,
-                self.containment == "auto",
-            )
-            template = self._template = (key, made)
-        conf = self._prepare(spec)
-        try:
-            return service.run_shell(
-                template[1],
-                command,
-                spec.workdir,
-                self._child_env(spec, conf),
-                stdin,
-                spec.stdout_max_bytes,
-                conf.ruleset,
-                spec.limits,
-                spec.timeout_ms,
-            )
-        finally:
-            conf.settle()
-
-    def _launch(
-        self, spec: ShellExecSpec, stdout_cap: int, start: Callable[..., _T]
-    ) -> tuple[_T, Confinement]:
-        """Prepares the call's confinement, argv and environment and hands them to `start`
-        (the service's ``spawn``, or its ``run``, which also waits); on failure the
-        confinement is settled here."""
-        try:
-            stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else (spec.stdin or b"")
-            command = spec.command.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError as err:  # a spec built by hand, past resolve's checks
-            raise invalid(f"not encodable as UTF-8: {err.reason}") from None
+        stdin, command = _encoded(spec)
         conf = self._prepare(spec)
         script_fd = None
         try:
-            if len(command) > _MAX_ARG_BYTES:
-                # Beyond one argument's limit: bash reads the script from a sealed memfd.
-                script_fd = _script_memfd(command)
-                stub = _LONG_COMMAND_STUB if self.shell == "bash" else _POSIX_LONG_COMMAND_STUB
-                argv = [self._shell_argv0, b"-c", stub]
-            else:
-                argv = [self._shell_argv0, b"-c", command]
-            started = start(
+            arg, script_fd = self._shell_arg(command)
+            proc = self.service.spawn(
                 program=self._shell_program,
-                argv=argv,
+                argv=[self._shell_argv0, b"-c", arg],
                 cwd=spec.workdir,
                 env=self._child_env(spec, conf),
                 stdin=stdin,
@@ -484,7 +422,65 @@ class LocalShellExecutor(ShellExecutor):
         finally:
             if script_fd is not None:
                 os.close(script_fd)
-        return started, conf
+        return proc, conf
+
+    def _run_foreground(self, spec: ShellExecSpec) -> ShellRunResult:
+        """Spawns, waits and collects the call in one native call
+        (``SubprocessService.run_shell``) and settles its confinement."""
+        service = self.service
+        stdin, command = _encoded(spec)
+        template = self._shell_template(service)
+        conf = self._prepare(spec)
+        script_fd = None
+        try:
+            arg, script_fd = self._shell_arg(command)
+            return service.run_shell(
+                template,
+                arg,
+                spec.workdir,
+                self._child_env(spec, conf),
+                stdin,
+                spec.stdout_max_bytes,
+                conf.ruleset,
+                spec.limits,
+                spec.timeout_ms,
+                script_fd,
+            )
+        finally:
+            conf.settle()
+            if script_fd is not None:
+                os.close(script_fd)
+
+    def _shell_template(self, service: SubprocessService) -> ShellTemplate:
+        """The executor's fixed spawn settings for ``run_shell``, made again only when one of
+        them changed."""
+        key = (
+            service,
+            self.max_output_bytes,
+            self.max_spill_bytes,
+            self.grace_ms,
+            self.containment,
+        )
+        template = self._template
+        if template is None or template[0] != key:
+            made = service.shell_template(
+                self._shell_program,
+                self._shell_argv0,
+                self.max_output_bytes,
+                self.max_spill_bytes,
+                self.grace_ms,
+                self.containment == "auto",
+            )
+            template = self._template = (key, made)
+        return template[1]
+
+    def _shell_arg(self, command: bytes) -> tuple[bytes, int | None]:
+        """The shell's ``-c`` argument, and the sealed memfd it reads a command from that is
+        beyond one argument's limit (the caller closes it once spawned)."""
+        if len(command) <= _MAX_ARG_BYTES:
+            return command, None
+        stub = _LONG_COMMAND_STUB if self.shell == "bash" else _POSIX_LONG_COMMAND_STUB
+        return stub, _script_memfd(command)
 
     def _result(self, spec: ShellExecSpec, result: ShellRunResult | None) -> ShellRunResult:
         """Completes a settled process's native result with the sandbox facts."""

@@ -504,9 +504,14 @@ class SubprocessService:
         ruleset: Ruleset | None,
         limits: ResourceLimits,
         timeout_ms: int,
+        script_fd: int | None = None,
     ) -> ShellRunResult:
-        """``run`` of ``<shell> -c <command>`` with ``template``'s settings: a foreground
-        run's hot path, every argument positional."""
+        """A foreground run in one native call: spawns ``<shell> -c <command>`` with
+        ``template``'s settings (``script_fd``: a long command's sealed script, ``command``
+        then the stub that reads it), waits up to ``timeout_ms``, then kills and waits for the
+        end; the ``ShellRunResult`` (``sandbox`` None), ``timed_out`` when the timeout fired.
+        The calling thread drives the process from its spawn on. Raises as ``spawn`` does; a
+        ``KeyboardInterrupt`` while waiting kills the group and waits for it first."""
         if not (type(stdout_cap) is int and 0 <= stdout_cap <= MAX_BYTES):
             config_int(stdout_cap, "stdout_cap", minimum=0, maximum=MAX_BYTES)
         try:
@@ -521,54 +526,7 @@ class SubprocessService:
                 _call_limits(limits),
                 timeout_ms,
                 limits,
-            )
-        except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
-        return result
-
-    def run(
-        self,
-        *,
-        program: bytes,
-        argv: Sequence[bytes],
-        cwd: str,
-        env: ChildEnv,
-        stdin: bytes,
-        stdout_cap: int,
-        stderr_cap: int,
-        spill_cap: int,
-        grace_ms: int,
-        ruleset: Ruleset | None = None,
-        script_fd: int | None = None,
-        limits: ResourceLimits,
-        cgroup: bool = True,
-        timeout_ms: int,
-    ) -> ShellRunResult:
-        """A foreground run in one native call: ``spawn``, then up to ``timeout_ms`` of
-        waiting, then the kill and the wait for the end; the ``ShellRunResult`` (``sandbox``
-        None), ``timed_out`` when the timeout fired. The calling thread drives the process
-        from its spawn on. Raises as ``spawn`` does; a ``KeyboardInterrupt`` while waiting
-        kills the group and waits for it first."""
-        _check_caps(stdout_cap, stderr_cap, spill_cap, grace_ms)
-        cwd_bytes = _cwd_bytes(cwd)
-        try:
-            result: ShellRunResult = self._supervisor.run(
-                program=program,
-                argv=list(argv),
-                cwd=cwd_bytes,
-                env=env,
-                stdin=stdin,
-                stdout_cap=stdout_cap,
-                stderr_cap=stderr_cap,
-                spill_cap=spill_cap,
-                grace_ms=grace_ms,
-                ruleset=ruleset,
-                script_fd=script_fd,
-                limits=_call_limits(limits),
-                cgroup=cgroup,
-                timeout=timeout_ms / 1000,
-                timeout_ms=timeout_ms,
-                limits_record=limits,
+                script_fd,
             )
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None

@@ -220,56 +220,15 @@ impl Supervisor {
         Ok(Proc { inner: proc })
     }
 
-    /// A foreground run in one call: spawns as `spawn` does, waits up to `timeout` seconds
-    /// (then kills the group and waits for the end) and returns the `ShellRunResult`
-    /// (`limits_record`: the call's `ResourceLimits`, for the result). The calling thread
-    /// drives the process from its spawn on, so its pipes and pidfd join the supervisor's
-    /// epoll set only if it hands them over (a bulk producer, the timeout).
+    /// A foreground run in one call: spawns `<shell> -c <command>` with `template`'s
+    /// settings (`script_fd`: a long command's sealed script, `command` then the stub that
+    /// reads it), waits up to `timeout_ms` (then kills the group and waits for the end) and
+    /// returns the `ShellRunResult` (`limits_record`: the call's `ResourceLimits`). The
+    /// calling thread drives the process from its spawn on, so its pipes and pidfd join the
+    /// supervisor's epoll set only if it hands them over (a bulk producer, the timeout). The
+    /// arguments are positional: keywords cost Python a dict per call level.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (*, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=None, cgroup=true, timeout, timeout_ms, limits_record))]
-    fn run<'py>(
-        &self,
-        py: Python<'py>,
-        program: Vec<u8>,
-        argv: Vec<Vec<u8>>,
-        cwd: Vec<u8>,
-        env: &Env,
-        stdin: Vec<u8>,
-        stdout_cap: usize,
-        stderr_cap: usize,
-        spill_cap: u64,
-        grace_ms: u64,
-        ruleset: Option<&Ruleset>,
-        script_fd: Option<i32>,
-        limits: Option<&CallLimits>,
-        cgroup: bool,
-        timeout: Option<f64>,
-        timeout_ms: u64,
-        limits_record: Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let call = Call {
-            program,
-            argv,
-            cwd,
-            env,
-            stdin,
-            caps: (stdout_cap, stderr_cap, spill_cap),
-            grace_ms,
-            ruleset,
-            script_fd,
-            limits,
-            cgroup,
-        };
-        // A wait that could end before it drives (no time at all) leaves the process to
-        // the supervisor from the start.
-        let drive = timeout.is_none_or(|t| t > 0.0);
-        let proc = self.start(py, call, drive)?;
-        super::proc::run_to_end(py, &proc, timeout, timeout_ms, &limits_record)
-    }
-
-    /// `run` for `<shell> -c <command>` with `template`'s settings, its arguments positional:
-    /// a foreground run's whole call from Python, where keywords cost a dict per level.
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (template, command, cwd, env, stdin, stdout_cap, ruleset, limits, timeout_ms, limits_record, script_fd=None))]
     fn run_shell<'py>(
         &self,
         py: Python<'py>,
@@ -283,6 +242,7 @@ impl Supervisor {
         limits: Option<&CallLimits>,
         timeout_ms: u64,
         limits_record: Bound<'py, PyAny>,
+        script_fd: Option<i32>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let call = Call {
             program: template.program.clone(),
@@ -293,7 +253,7 @@ impl Supervisor {
             caps: (stdout_cap, template.stderr_cap, template.spill_cap),
             grace_ms: template.grace_ms,
             ruleset,
-            script_fd: None,
+            script_fd,
             limits,
             cgroup: template.cgroup,
         };

@@ -67,23 +67,25 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
     argv = [a.encode() for a in TRUE_ARGV]
 
     limits = _call_limits(spec.limits)
+    local = h.local
+    template = shellseam._core.ShellTemplate(
+        BASH.encode(), b"bash", local.max_output_bytes, local.max_spill_bytes, local.grace_ms, True
+    )
+    command = TRUE_ARGV[-1].encode()
 
     def core_only() -> None:
         # What run_sync's one native call does, with everything it takes prepared.
-        core.run(
-            program=BASH.encode(),
-            argv=argv,
-            cwd=cwd,
-            env=env_block,
-            stdin=b"",
-            stdout_cap=spec.stdout_max_bytes,
-            stderr_cap=h.local.max_output_bytes,
-            spill_cap=h.local.max_spill_bytes,
-            grace_ms=h.local.grace_ms,
-            limits=limits,
-            timeout=spec.timeout_ms / 1000,
-            timeout_ms=spec.timeout_ms,
-            limits_record=spec.limits,
+        core.run_shell(
+            template,
+            command,
+            cwd,
+            env_block,
+            b"",
+            spec.stdout_max_bytes,
+            None,
+            limits,
+            spec.timeout_ms,
+            spec.limits,
         )
 
     try:
