@@ -209,10 +209,6 @@ class Proc:
         self, *, timed_out: bool, aborted: bool, timeout_ms: int, limits: ResourceLimits
     ) -> ShellRunResult | None:
         """The ``ShellRunResult`` of the settled process, or None while running."""
-    def run_result(
-        self, timeout: float | None, *, timeout_ms: int, limits: ResourceLimits
-    ) -> ShellRunResult:
-        """Waits up to ``timeout``, then kills and waits for the end; the result."""
 
 @final
 class ShellTemplate:

@@ -277,13 +277,6 @@ class ManagedProcess:
             timed_out=timed_out, aborted=aborted, timeout_ms=timeout_ms, limits=limits
         )
 
-    def run_result(
-        self, timeout: float | None, *, timeout_ms: int, limits: ResourceLimits
-    ) -> ShellRunResult:
-        """A foreground run's wait in one native call: up to ``timeout`` seconds, then the
-        kill and the wait for the end; the result, ``timed_out`` when the timeout fired."""
-        return self._proc.run_result(timeout, timeout_ms=timeout_ms, limits=limits)
-
 
 class _LoopWaiters:
     """Futures of one event loop, resolved from a native eventfd the loop watches."""

@@ -112,20 +112,6 @@ impl Proc {
         results::shell_result(py, &self.inner, ending, &limits)
     }
 
-    /// A foreground run's whole wait in one call: waits up to `timeout` seconds; when they
-    /// pass, kills the group (SIGTERM, SIGKILL after the grace) and waits for the end. Then
-    /// the `ShellRunResult`, `timed_out` when the timeout fired.
-    #[pyo3(signature = (timeout, *, timeout_ms, limits))]
-    fn run_result<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: Option<f64>,
-        timeout_ms: u64,
-        limits: Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        run_to_end(py, &self.inner, timeout, timeout_ms, &limits)
-    }
-
     /// Both streams as collected so far: (stdout, stderr).
     fn collected(&self) -> (Collected, Collected) {
         let (out, err) = self.inner.collected();
