@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,15 +27,14 @@ use crate::lifecycle::{self, Timers};
 use crate::pipes::{Drain, READ_CHUNK};
 use crate::process::{Proc, ProcConfig};
 use crate::seccomp::FilterPolicy;
-use crate::spawn::{make_pipes, spawn, ParentPipes, SpawnPlan, Spawned};
+use crate::spawn::{spawn, SpawnPlan, Spawned};
 use crate::spawner::ConfinedSpawner;
 use crate::spill::SpillDir;
 use crate::sys::{
     block_signals_in_this_thread, epoll_add, epoll_create, epoll_del, epoll_event_buffer,
-    epoll_wait, eventfd, eventfd_clear, eventfd_raise, getpid, lock, poll_timeout, readable,
-    reap_blocking, writable,
+    epoll_wait, eventfd, eventfd_clear, eventfd_raise, getpid, lock, readable, reap_blocking,
+    writable,
 };
-use nix::poll::{PollFd, PollFlags};
 use nix::sys::epoll::{Epoll, EpollFlags};
 use nix::sys::eventfd::EventFd;
 
@@ -148,23 +147,6 @@ impl Shared {
     fn route(&self, key: u64) -> Option<Source> {
         lock(&self.routes).get(&key).copied()
     }
-}
-
-/// How long a confined foreground spawn waits on its pipes before it takes the spawner's
-/// answer (see `Service::spawn_child`): longer than a short command lives, short enough
-/// that a silent command whose leader exits while a background child holds the pipes is
-/// seen to have exited without noticeable delay.
-const FOREGROUND_SETTLE: Duration = Duration::from_millis(5);
-
-/// Sleeps until the child's stdout or stderr is readable or hung up, or `at_most` passed.
-fn wait_for_output(pipes: &ParentPipes, at_most: Duration) {
-    let interest = PollFlags::POLLIN;
-    let mut fds = [
-        PollFd::new(pipes.stdout.as_fd(), interest),
-        PollFd::new(pipes.stderr.as_fd(), interest),
-    ];
-    // EINTR or an error: the caller goes on to the answer, which is all that is lost.
-    let _ = nix::poll::poll(&mut fds, poll_timeout(Some(at_most)));
 }
 
 impl Service {
@@ -364,17 +346,8 @@ impl Service {
     /// Spawns `plan` here, or a confined child on the confined spawner of its filter policy
     /// (which carries the filter's base layer and, for a privileged harness, an empty
     /// bounding set, for the child to inherit). A spawner that cannot be had: here.
-    ///
     /// `foreground`: the caller drives the process once spawned (see `ProcConfig`) and has
-    /// nothing to write to its stdin. A confined spawn then closes stdin (the command reads
-    /// EOF at once, as it would once an empty feed was done) and waits on its own ends of
-    /// the pipes first, up to
-    /// `FOREGROUND_SETTLE`, and takes the spawner's answer only then: a short command has
-    /// exited by that time, so the spawner's wake-up for its answer (a futex wake of a
-    /// thread whose CPU the new child now occupies: ~70 us median here) is not on the
-    /// path; the hang-up of the pipes wakes the caller once, as the exit of a local
-    /// command does. Output wakes it at once, and so does a failed spawn (the spawner
-    /// closes the child's ends).
+    /// nothing to write to its stdin (see `ConfinedSpawner::spawn`).
     fn spawn_child(&self, plan: &mut SpawnPlan, foreground: bool) -> Result<Spawned, SpawnError> {
         let Some(conf) = &plan.confinement else {
             return spawn(plan);
@@ -395,21 +368,10 @@ impl Service {
             .clone();
         drop(spawners);
         match spawner {
-            Some(spawner) => {
-                // Read here, unfiltered: on the spawner each of its ~64 syscalls would run
-                // through the thread's seccomp filter.
-                plan.ignored_signals = plan.cgroup.is_some().then(crate::spawn::ignored_signals);
-                let plan = std::mem::replace(plan, SpawnPlan::handed_over());
-                if !foreground {
-                    return spawner.spawn(plan);
-                }
-                let (child_ends, mut pipes) = make_pipes()?;
-                pipes.stdin = None;
-                let pending = spawner.submit(plan, child_ends)?;
-                wait_for_output(&pipes, FOREGROUND_SETTLE);
-                let (pid, pidfd) = pending.wait()?;
-                Ok(Spawned { pid, pidfd, pipes })
-            }
+            Some(spawner) => spawner.spawn(
+                std::mem::replace(plan, SpawnPlan::handed_over()),
+                foreground,
+            ),
             None => spawn(plan),
         }
     }
