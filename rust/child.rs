@@ -276,14 +276,8 @@ unsafe fn confine_child(c: &ChildConfinement) -> Option<(SpawnStage, i32)> {
             0
         ));
     }
-    step!(libc::syscall(
-        libc::SYS_prctl,
-        libc::PR_CAP_AMBIENT,
-        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-        0,
-        0,
-        0
-    ));
+    // Emptying the permitted and inheritable sets clears the ambient set too (the kernel
+    // keeps only ambient bits both permitted and inheritable): no PR_CAP_AMBIENT call.
     step!(libc::syscall(
         libc::SYS_capset,
         &c.cap_header as *const CapHeader,

@@ -1,13 +1,13 @@
 //! Everything a confined child applies between clone and exec, prepared in the parent:
 //! the Landlock ruleset fd, the seccomp filter, and the plan for dropping privileges.
 //!
-//! The child only makes raw syscalls on this data (see `spawn.rs`), in this order:
-//! drop the capability bounding set and lock the securebits (both need `CAP_SETPCAP`, so
-//! they come first), clear the ambient set, clear effective/permitted/inheritable with
-//! `capset`, set `no_new_privs`, enforce the Landlock ruleset, install the seccomp filter
-//! (last, so that none of the setup syscalls is filtered), then `execve`. A child of a
-//! confined spawner thread (`spawner.rs`) inherits the thread's empty bounding set, locked
-//! securebits and the filter's base layer, and installs only the `clone3` layer.
+//! The child only makes raw syscalls on this data (see `spawn.rs`), in this order: drop the
+//! capability bounding set and lock the securebits (both need `CAP_SETPCAP`, so they come
+//! first), clear effective/permitted/inheritable with `capset` (which clears the ambient
+//! set with them), set `no_new_privs`, enforce the Landlock ruleset, install the seccomp
+//! filter (last, so that none of the setup syscalls is filtered), then `execve`. A child of
+//! a confined spawner thread (`spawner.rs`) inherits the thread's empty bounding set,
+//! locked securebits and the filter's base layer, and installs only the `clone3` layer.
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 

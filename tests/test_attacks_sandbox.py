@@ -374,6 +374,34 @@ def test_5_no_capabilities_no_new_privs_seccomp(
 
 
 @needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+def test_5_ambient_capabilities_of_the_harness_do_not_reach_a_confined_command(
+    box: dict[str, str],
+) -> None:
+    # A harness started with an ambient capability (here CAP_NET_RAW, bit 13) passes it to
+    # every unconfined child through exec; a confined child must come out with none.
+    script = textwrap.dedent(
+        f"""
+        from shellseam import LocalShellExecutor, SandboxShellExecutor, ShellExecRequest
+        q = "grep CapAmb /proc/self/status"
+        for ex in (
+            LocalShellExecutor(cwd={box["ws"]!r}),
+            SandboxShellExecutor(mode="workspace-write", cwd={box["ws"]!r}),
+        ):
+            print(ex.run_sync(ex.resolve(ShellExecRequest(command=q))).stdout.text, end="")
+        """
+    )
+    got = subprocess.run(
+        ["setpriv", "--inh-caps", "+net_raw", "--ambient-caps", "+net_raw", PY, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert got.stdout == "CapAmb:\t0000000000002000\nCapAmb:\t0000000000000000\n"
+
+
+@needs_root
 @pytest.mark.parametrize(
     "op", ["chmod 777", "chown 1:1", "touch -d 2001-01-01", "setfattr", "chattr"]
 )

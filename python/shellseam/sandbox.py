@@ -359,7 +359,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
         conf = Confinement(ruleset=ruleset, env_builder=self._cache_env(cache))
         # The next call of this policy only re-checks that every root is the same directory.
-        checks = tuple((path, self._pins.pin(path)) for path in (*roots, cache))
+        checks = tuple((path, self._pins.pin(path)) for path in dict.fromkeys((*roots, cache)))
         if len(self._prepared) >= _RULESET_CACHE_SIZE:
             self._prepared.clear()
         self._prepared[key] = (service, tuple((p, got and got[1]) for p, got in checks), conf)

@@ -140,6 +140,9 @@ def run(
                 {
                     "ray": timed(lambda: remote[0].run_sync(true_remote)),
                     "rtt": timed(lambda: ray.get(actor.ping.remote())),
+                    # Any argument costs an async actor one more trip through its event
+                    # loop: Ray deserializes arguments on the loop thread (ray#7799).
+                    "one_arg": timed(lambda: ray.get(actor.ping.remote(None))),
                     "message": timed(lambda: ray.get(actor.call.remote(heartbeat))),
                     "local": timed(lambda: local.run_sync(true_local)),
                 },
@@ -148,6 +151,7 @@ def run(
             ours = median(samples["ray"]) * 1e3
             rtt = median(samples["rtt"]) * 1e3
             message = median(samples["message"]) * 1e3
+            one_arg = median(samples["one_arg"]) * 1e3
             here = median(samples["local"]) * 1e3
             name = "R1 `bash -c true` through RayShellExecutor"
             rows.append(
@@ -164,9 +168,30 @@ def run(
             rows.append(
                 ratio_row(
                     name,
+                    "one-argument round trip vs empty (diagnostic)",
+                    one_arg,
+                    rtt,
+                    "ms",
+                    None,
+                    note="the floor of any message to an async actor",
+                )
+            )
+            rows.append(
+                ratio_row(
+                    name,
                     "protocol message round trip vs empty (diagnostic)",
                     message,
                     rtt,
+                    "ms",
+                    None,
+                )
+            )
+            rows.append(
+                ratio_row(
+                    name,
+                    "run_sync vs one-argument round trip + local run_sync (diagnostic)",
+                    ours,
+                    one_arg + here,
                     "ms",
                     None,
                 )
