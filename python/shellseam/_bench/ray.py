@@ -3,7 +3,10 @@ own yardsticks, on a local cluster of a head and two worker nodes (started here 
 address is given).
 
 - per-call overhead: ``bash -c true`` through the node service, against an empty actor round
-  trip plus a local ``run_sync`` (what the call cannot avoid), target <= 1.15x;
+  trip plus a local ``run_sync`` (what the call cannot avoid), target <= 1.15x; with three
+  diagnostics: a round trip carrying one argument (an async actor deserializes arguments on
+  its event loop: one more thread hand-off than an empty call), a protocol message without a
+  command, and the call against the one-argument round trip plus the local ``run_sync``;
 - 64 in flight spread over the two worker nodes, against 64 local asyncio ``run`` calls:
   throughput, target >= 0.5x (one machine: this measures overhead, not scale);
 - the spill read rate of ``read_spill`` over a large spill file (information).
