@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import math
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +48,8 @@ from shellseam.ray.protocol import (
     LoopThread,
     NodeLost,
     RetryDelivery,
+    WireDecoder,
+    WireEncoder,
     failed,
 )
 
@@ -64,7 +67,9 @@ def abort_once_running(ctl: AbortController, marker: str) -> None:
 
 
 class FaultyTransport(InProcessTransport):
-    """The in-process transport with faults scheduled per method, each used once."""
+    """The in-process transport with faults scheduled per method, each used once. Every
+    message and reply travels as the Ray transport's bytes (``WireEncoder``/``WireDecoder``
+    and pickle), so every scenario here runs through that encoding too."""
 
     def __init__(self, node: NodeState, loop: LoopThread) -> None:
         super().__init__(node, loop)
@@ -72,6 +77,8 @@ class FaultyTransport(InProcessTransport):
         self._pending: list[concurrent.futures.Future[Any]] = []
         self._lock = threading.Lock()
         self.delivered: list[str] = []
+        self._encoder = WireEncoder()
+        self._decoder = WireDecoder()
 
     def inject(
         self, method: str, fault: Callable[[str, object], concurrent.futures.Future[Any]]
@@ -81,7 +88,19 @@ class FaultyTransport(InProcessTransport):
 
     def deliver(self, method: str, message: object) -> concurrent.futures.Future[Any]:
         self.delivered.append(method)
-        return super().submit(method, message)
+        method, message = self._decoder.decode(self._encoder.encode(method, message))
+        real = super().submit(method, message)
+        out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(pickle.loads(pickle.dumps(f.result(), pickle.HIGHEST_PROTOCOL)))
+
+        real.add_done_callback(done)
+        return out
 
     def submit(self, method: str, message: object) -> concurrent.futures.Future[Any]:
         with self._lock:

@@ -100,6 +100,7 @@ class RemoteShellExecutor(ShellExecutor):
         items = {**config, "cwd": self.cwd}
         self._config = ExecConfig(mode, tuple(sorted((k, _hashable(v)) for k, v in items.items())))
         self._grace_s = self._twin.grace_ms / 1000
+        self._last_wire: tuple[ShellExecSpec, ShellExecSpec] | None = None
 
     @property
     def node_id(self) -> str:
@@ -128,10 +129,22 @@ class RemoteShellExecutor(ShellExecutor):
         return RunCall(
             self._link.client_id,
             self._link.new_id(),
-            wire_spec(spec),
+            self._wire_spec(spec),
             self._config,
             self._link.take_acks(),
         )
+
+    def _wire_spec(self, spec: ShellExecSpec) -> ShellExecSpec:
+        """The spec as it travels, one object per spec run again and again (the transport
+        sends it once per object: ``WireEncoder``). A spec with ``env`` mappings, which
+        its caller may still change, is copied at every call."""
+        last = self._last_wire
+        if last is not None and last[0] is spec:
+            return last[1]
+        wire = wire_spec(spec)
+        if spec.env is None and spec.managed_env is None:
+            self._last_wire = (spec, wire)
+        return wire
 
     def _watch_signal(
         self, spec: ShellExecSpec, call: RunCall, transport: Transport

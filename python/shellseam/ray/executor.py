@@ -25,7 +25,7 @@ from ..types import SandboxMode
 from . import node as _node
 from .client import RemoteShellExecutor
 from .link import NodeLink
-from .protocol import LEASE_S, NodeInfo, NodeLost, RetryDelivery, Transport
+from .protocol import LEASE_S, NodeInfo, NodeLost, RetryDelivery, Transport, WireEncoder
 
 #: How long to wait for a node service's facts when choosing the least loaded node.
 _INFO_TIMEOUT_S = 5.0
@@ -90,13 +90,15 @@ class _RayReply(concurrent.futures.Future[Any]):
 
 
 class RayTransport(Transport):
-    """Protocol messages, pickled, through one node service actor handle's ``call``."""
+    """Protocol messages, as ``WireEncoder`` bytes, through one node service actor handle's
+    ``call``."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
+        self._wire = WireEncoder()
 
     def submit(self, method: str, message: object) -> concurrent.futures.Future[Any]:
-        payload = pickle.dumps((method, message), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = self._wire.encode(method, message)
         out: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if not ray.is_initialized():  # never let a late call (a heartbeat) start Ray anew
             out.set_exception(NodeLost("Ray is not initialized in this process"))

@@ -37,6 +37,7 @@ from .protocol import (
     SpillReply,
     StartReply,
     WaitReply,
+    WireDecoder,
 )
 
 NAMESPACE = "shellseam"
@@ -76,11 +77,12 @@ class NodeService:
             lease_s=lease_s,
             strip_env=worker_additions(),
         )
+        self._wire = WireDecoder()
 
     async def call(self, payload: bytes) -> bytes:
-        """One pickled ``(method, message)`` in, the pickled reply out: Ray carries bytes
+        """One message as ``WireEncoder`` bytes in, the pickled reply out: Ray carries bytes
         faster than objects it must inspect (about 0.2 ms a round trip here)."""
-        method, message = pickle.loads(payload)
+        method, message = self._wire.decode(payload)
         if method not in METHODS:
             raise ValueError(f"unknown node service method {method!r}")
         reply = await getattr(self._state, method)(message)

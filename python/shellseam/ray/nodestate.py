@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import inspect
 import logging
 import os
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..abort import AbortController
+from ..checks import with_signal
 from ..errors import ShellError
 from ..local import LocalShellExecutor
 from ..process import ShellProcess
@@ -346,7 +346,7 @@ class NodeState:
         nothing node-specific to add to what the client's twin resolved."""
         if isinstance(executor, SandboxShellExecutor):
             return executor.resolve(_request_from(msg.spec, controller))
-        return dataclasses.replace(msg.spec, signal=controller.signal)
+        return with_signal(msg.spec, controller.signal)
 
     async def _admit(self, client: _Client, record: _Call | _Handle) -> bool:
         """Waits for a slot; False when the record was aborted or killed while queued."""

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pickle
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar, cast
 
 from ..types import (
     ProcessStatus,
@@ -37,6 +38,8 @@ from ..types import (
     ShellRunResult,
     ShellSandboxInfo,
 )
+
+_T = TypeVar("_T")
 
 #: How long a node keeps a silent client's commands alive (seconds).
 LEASE_S: Final = 8.0
@@ -248,6 +251,90 @@ def wire_spec(spec: ShellExecSpec) -> ShellExecSpec:
 
 def _plain(env: Mapping[str, str] | None) -> dict[str, str] | None:
     return None if env is None else dict(env)
+
+
+# -- bytes on the wire ------------------------------------------------------------------------
+
+#: Distinct specs and configs a ``WireEncoder`` or ``WireDecoder`` keeps (then starts over).
+_WIRE_CACHE_SIZE: Final = 256
+
+
+class WireEncoder:
+    """Messages as bytes for a transport that carries bytes (the Ray one), sender side.
+
+    A ``RunCall`` travels as ``(method, client_id, call_id, spec, config, acks)`` with its
+    spec and config as pickled blobs made once per spec and config object: every call of one
+    executor repeats them, and pickling them again and unpickling them on the node cost more
+    than the rest of the message (a few us each warm, several times that after each child
+    runs). Every other message is the pickled ``(method, message)``. Thread-safe: a race
+    pickles one object twice."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[int, tuple[object, bytes]] = {}
+
+    def _blob(self, obj: object) -> bytes:
+        entry = self._blobs.get(id(obj))
+        if entry is not None and entry[0] is obj:  # holding obj keeps its id unique
+            return entry[1]
+        blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(self._blobs) >= _WIRE_CACHE_SIZE:
+            self._blobs.clear()
+        self._blobs[id(obj)] = (obj, blob)
+        return blob
+
+    def encode(self, method: str, message: object) -> bytes:
+        if type(message) is RunCall:
+            parts: tuple[object, ...] = (
+                method,
+                message.client_id,
+                message.call_id,
+                self._blob(message.spec),
+                self._blob(message.config),
+                message.acks,
+            )
+        else:
+            parts = (method, message)
+        return pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class WireDecoder:
+    """``WireEncoder``'s bytes back into ``(method, message)``, node side: one spec and one
+    config object per distinct blob, so that the node checks a spec once
+    (``checks.with_signal``) and finds its executor by the same config object."""
+
+    def __init__(self) -> None:
+        self._objects: dict[bytes, object] = {}
+
+    def _object(self, blob: object, kind: type[_T]) -> _T:
+        if not isinstance(blob, bytes):
+            raise ValueError(f"malformed message: {kind.__name__} is not bytes")
+        obj = self._objects.get(blob)
+        if obj is None:
+            obj = pickle.loads(blob)
+            if type(obj) is not kind:
+                raise ValueError(f"malformed message: expected {kind.__name__}")
+            if len(self._objects) >= _WIRE_CACHE_SIZE:
+                self._objects.clear()
+            self._objects[blob] = obj
+        return cast(_T, obj)
+
+    def decode(self, payload: bytes) -> tuple[str, object]:
+        parts = pickle.loads(payload)
+        if type(parts) is not tuple or not parts or type(parts[0]) is not str:
+            raise ValueError("malformed message")
+        if len(parts) == 6:
+            method, client_id, call_id, spec, config, acks = parts
+            call = RunCall(
+                client_id,
+                call_id,
+                self._object(spec, ShellExecSpec),
+                self._object(config, ExecConfig),
+                acks,
+            )
+            return method, call
+        if len(parts) != 2:
+            raise ValueError("malformed message")
+        return parts[0], parts[1]
 
 
 # -- in-process transport ------------------------------------------------------------------
