@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pathlib
 import select
 import shutil
 import socket
@@ -375,29 +376,48 @@ def test_5_no_capabilities_no_new_privs_seccomp(
 
 @needs_root
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
+@pytest.mark.parametrize("uid", [0, 65534])
 def test_5_ambient_capabilities_of_the_harness_do_not_reach_a_confined_command(
-    box: dict[str, str],
+    uid: int,
 ) -> None:
-    # A harness started with an ambient capability (here CAP_NET_RAW, bit 13) passes it to
-    # every unconfined child through exec; a confined child must come out with none.
+    # A harness started with an ambient capability (here CAP_NET_RAW, bit 13), as root or as
+    # an unprivileged user, passes it to every unconfined child through exec; a confined
+    # child must come out with none.
+    # Outside /tmp, which confined commands may write: the spill directory may not be there.
+    home = pathlib.Path(tempfile.mkdtemp(prefix="shellseam-ambient-", dir="/var/tmp"))
+    ws = pathlib.Path(tempfile.mkdtemp(prefix="shellseam-ambient-ws-", dir="/tmp"))
+    try:
+        for path in (home, ws):
+            os.chown(path, uid, uid)
+        _ambient_case(home, ws, uid)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+def _ambient_case(home: pathlib.Path, ws: pathlib.Path, uid: int) -> None:
     script = textwrap.dedent(
         f"""
         from shellseam import LocalShellExecutor, SandboxShellExecutor, ShellExecRequest
         q = "grep CapAmb /proc/self/status"
         for ex in (
-            LocalShellExecutor(cwd={box["ws"]!r}),
-            SandboxShellExecutor(mode="workspace-write", cwd={box["ws"]!r}),
+            LocalShellExecutor(cwd={str(ws)!r}),
+            SandboxShellExecutor(mode="workspace-write", cwd={str(ws)!r}),
         ):
             print(ex.run_sync(ex.resolve(ShellExecRequest(command=q))).stdout.text, end="")
         """
     )
+    ids = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"] if uid else []
     got = subprocess.run(
-        ["setpriv", "--inh-caps", "+net_raw", "--ambient-caps", "+net_raw", PY, "-c", script],
+        ["setpriv", *ids, "--inh-caps", "+net_raw", "--ambient-caps", "+net_raw", PY, "-c", script],
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        env={**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache")},
+        cwd=str(home),
+        check=False,
     )
+    assert got.returncode == 0, got.stderr
     assert got.stdout == "CapAmb:\t0000000000002000\nCapAmb:\t0000000000000000\n"
 
 
