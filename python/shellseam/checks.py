@@ -213,25 +213,21 @@ def mark_checked(spec: ShellExecSpec) -> ShellExecSpec:
     return spec
 
 
-def _still_marked(spec: ShellExecSpec) -> bool:
-    """Whether ``mark_checked`` marked ``spec`` and its values are still the ones it saw."""
-    mark = spec.__dict__.get(_CHECKED)
-    return (
-        mark is not None
-        and spec.env is None
-        and spec.managed_env is None
-        and all(map(operator.is_, mark, _checked_fields(spec)))
-    )
-
-
 def check_spec(spec: object) -> ShellExecSpec:
     """A spec as ``resolve`` would have produced it; hand-built specs are checked here.
 
     A spec ``resolve`` marked (``mark_checked``) whose values are still the very objects it
     checked is not checked again; any other spec, a copy made with ``dataclasses.replace`` or a
     field changed behind the frozen dataclass's back included, is checked in full."""
-    if type(spec) is ShellExecSpec and _still_marked(spec):
-        return spec
+    if type(spec) is ShellExecSpec:
+        mark = spec.__dict__.get(_CHECKED)
+        if (
+            mark is not None
+            and spec.env is None
+            and spec.managed_env is None
+            and all(map(operator.is_, mark, _checked_fields(spec)))
+        ):
+            return spec
     if not isinstance(spec, ShellExecSpec):
         raise invalid(f"expected a ShellExecSpec, got {type(spec).__name__}")
     check_command(spec.command)
@@ -249,11 +245,10 @@ def check_spec(spec: object) -> ShellExecSpec:
 
 def with_signal(spec: ShellExecSpec, signal: AbortSignal | None) -> ShellExecSpec:
     """``spec`` (checked here) with another abort signal: what ``dataclasses.replace``
-    makes, but for a spec without ``env`` mappings the copy stays marked checked, so that
-    running it does not check it again, and the first copy marks ``spec`` itself (a node
-    service sends every call of one spec through here, each with its own signal)."""
-    if type(spec) is not ShellExecSpec or not _still_marked(spec):
-        mark_checked(check_spec(spec))
+    makes, but for a spec without ``env`` mappings both ``spec`` and the copy are marked
+    checked, so that neither is checked in full again (a node service sends every call of
+    one spec through here, each with its own signal)."""
+    mark_checked(check_spec(spec))
     check_signal(signal)
     copy = object.__new__(ShellExecSpec)
     values = copy.__dict__
