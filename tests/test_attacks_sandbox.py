@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import shellseam
 from conftest import run
 from shellseam import (
     LocalShellExecutor,
@@ -387,6 +388,9 @@ def test_5_ambient_capabilities_of_the_harness_do_not_reach_a_confined_command(
     home = pathlib.Path(tempfile.mkdtemp(prefix="shellseam-ambient-", dir="/var/tmp"))
     ws = pathlib.Path(tempfile.mkdtemp(prefix="shellseam-ambient-ws-", dir="/tmp"))
     try:
+        # The package as the harness's user can read it (a CI venv may sit in a private
+        # directory): a copy on PYTHONPATH.
+        shutil.copytree(os.path.dirname(shellseam.__file__), home / "site" / "shellseam")
         for path in (home, ws):
             os.chown(path, uid, uid)
         _ambient_case(home, ws, uid)
@@ -398,7 +402,9 @@ def test_5_ambient_capabilities_of_the_harness_do_not_reach_a_confined_command(
 def _ambient_case(home: pathlib.Path, ws: pathlib.Path, uid: int) -> None:
     script = textwrap.dedent(
         f"""
+        import shellseam
         from shellseam import LocalShellExecutor, SandboxShellExecutor, ShellExecRequest
+        assert shellseam.__file__.startswith({str(home)!r}), shellseam.__file__
         q = "grep CapAmb /proc/self/status"
         for ex in (
             LocalShellExecutor(cwd={str(ws)!r}),
@@ -413,7 +419,12 @@ def _ambient_case(home: pathlib.Path, ws: pathlib.Path, uid: int) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache")},
+        env={
+            **os.environ,
+            "HOME": str(home),
+            "XDG_CACHE_HOME": str(home / "cache"),
+            "PYTHONPATH": str(home / "site"),
+        },
         cwd=str(home),
         check=False,
     )
