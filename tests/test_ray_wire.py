@@ -4,6 +4,7 @@ it receives again and again only once. No Ray needed."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pickle
 from typing import Any
@@ -150,3 +151,35 @@ def test_with_signal_leaves_a_spec_with_env_unmarked() -> None:
     assert copy.env == {"A": "1"}
     assert "_shellseam_checked" not in copy.__dict__
     assert check_spec(copy) is copy  # checked in full, every time
+
+
+# -- the node refuses what it cannot trust --------------------------------------------------
+
+
+def test_the_node_refuses_a_bad_spec_blob_every_time_it_comes() -> None:
+    """A hand-made spec the client's checks never saw (here ``timeout_ms=0``) arrives as a
+    blob: the node refuses it as ``INVALID_REQUEST``, and again on the next call of the same
+    blob (the decoder's one object for it is never marked checked)."""
+    from shellseam.ray.nodestate import NodeState
+    from shellseam.ray.protocol import RunReply
+
+    state = NodeState(node_id="n", max_running=None, lease_s=30.0, strip_env=())
+    encoder, decoder = WireEncoder(), WireDecoder()
+    bad = dataclasses.replace(spec_of("echo never"), timeout_ms=0)
+
+    async def twice() -> list[object]:
+        replies = []
+        for i in range(2):
+            _, call = decoder.decode(encoder.encode("run", RunCall("c", f"c#{i}", bad, CONFIG)))
+            assert isinstance(call, RunCall)
+            replies.append(await state.run(call))
+        return replies
+
+    try:
+        replies = asyncio.run(twice())
+    finally:
+        state.dispose()
+    for reply in replies:
+        assert isinstance(reply, RunReply) and reply.result is None
+        assert reply.fault is not None and reply.fault.code == "INVALID_REQUEST"
+        assert "timeout_ms" in reply.fault.reason
