@@ -31,9 +31,11 @@ EX = LocalShellExecutor(cwd="/tmp")
 CONFIG = ExecConfig(None, (("cwd", "/tmp"),))
 
 ids = st.text(min_size=1, max_size=40)
-commands = st.text(min_size=1, max_size=200).filter(lambda c: "\0" not in c and c.strip())
+# What resolve accepts: no NUL, no lone surrogates.
+chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\0")
+commands = st.text(chars, min_size=1, max_size=200).filter(lambda c: bool(c.strip()))
 envs = st.none() | st.dictionaries(
-    st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), st.text(max_size=20), max_size=4
+    st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), st.text(chars, max_size=20), max_size=4
 )
 
 
@@ -183,3 +185,21 @@ def test_the_node_refuses_a_bad_spec_blob_every_time_it_comes() -> None:
         assert isinstance(reply, RunReply) and reply.result is None
         assert reply.fault is not None and reply.fault.code == "INVALID_REQUEST"
         assert "timeout_ms" in reply.fault.reason
+
+
+def test_a_mark_that_comes_with_a_spec_is_not_trusted() -> None:
+    """A spec pickled with this process's "checked" mark (here: one resolve made and marked,
+    a field then changed behind its back with the mark made to match) decodes unmarked, so
+    the node checks it itself and refuses it."""
+    from shellseam.checks import mark_checked
+
+    forged = EX.resolve(ShellExecRequest(command="true"))
+    object.__setattr__(forged, "timeout_ms", 0)
+    mark_checked(forged)  # the mark now vouches for timeout_ms=0
+    assert check_spec(forged) is forged  # trusted here, by this process's own mark
+    _, call = WireDecoder().decode(WireEncoder().encode("run", RunCall("c", "c#1", forged, CONFIG)))
+    assert isinstance(call, RunCall)
+    assert "_shellseam_checked" not in call.spec.__dict__
+    with pytest.raises(ShellError) as err:
+        with_signal(call.spec, None)
+    assert err.value.code == "INVALID_REQUEST"

@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast
 
+from ..checks import unmark
 from ..types import (
     ProcessStatus,
     ShellExecSpec,
@@ -313,6 +314,8 @@ class WireDecoder:
             obj = pickle.loads(blob)
             if type(obj) is not kind:
                 raise ValueError(f"malformed message: expected {kind.__name__}")
+            if isinstance(obj, ShellExecSpec):
+                unmark(obj)  # the node checks every spec it is sent itself, once
             if len(self._objects) >= _WIRE_CACHE_SIZE:
                 self._objects.clear()
             self._objects[blob] = obj
