@@ -261,6 +261,4 @@ def with_signal(spec: ShellExecSpec, signal: AbortSignal | None) -> ShellExecSpe
     values = copy.__dict__
     values.update(spec.__dict__)
     values["signal"] = signal
-    if _CHECKED in values:
-        values[_CHECKED] = _checked_fields(copy)
-    return copy
+    return mark_checked(copy)
