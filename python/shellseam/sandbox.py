@@ -16,6 +16,7 @@ have swapped since, and a root path that later names another directory is refuse
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import threading
@@ -70,9 +71,16 @@ _MAX_PINNED_ROOTS = 4096
 Identity = tuple[int, int]
 
 
+@functools.cache
 def landlock_abi() -> int:
-    """The running kernel's Landlock ABI (0: none)."""
+    """The running kernel's Landlock ABI (0: none). Read once: it is the kernel's, fixed until
+    reboot, and every confined call asks."""
     return native.landlock_abi()
+
+
+@functools.cache
+def _landlock_missing(network: bool) -> bool:
+    return bool(native.landlock_missing(network))
 
 
 def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforcement | None:
@@ -80,7 +88,7 @@ def enforcement_for(mode: SandboxMode, network: bool = True) -> SandboxEnforceme
     requested feature, or Landlock altogether, is missing); None when nothing is confined."""
     if mode == "danger-full-access":
         return None
-    return "partial" if native.landlock_missing(network) else "full"
+    return "partial" if _landlock_missing(network) else "full"
 
 
 def _refuse(reason: str) -> ShellError:
