@@ -110,3 +110,24 @@ def test_a_bulk_producer_is_handed_back_and_every_byte_arrives(
     assert finished.stdout.text.endswith("zzzEND")
     spill = finished.stdout.spill_path
     assert spill is not None and os.path.getsize(spill) == size + 3
+
+
+def test_a_leader_that_closes_one_stream_early_loses_nothing_on_the_other(
+    service: SubprocessService,
+) -> None:
+    # Once one stream closes, the waiting caller leaves the other out of its poll for a
+    # moment (a leader on its way out closes both): a leader that goes on writing to the
+    # other, several pipe-fulls and from the far side of a pause, must lose no byte of it.
+    for closed, kept, fd in (("1", "stderr", 2), ("2", "stdout", 1)):
+        cmd = (
+            f"exec {closed}>&-; head -c 900000 /dev/zero | tr '\\0' k >&{fd}; "
+            f"sleep 0.01; printf tail >&{fd}; exit 4"
+        )
+        finished = _spawn(service, cmd).wait_result(30)
+        assert finished is not None
+        assert finished.outcome.exit_code == 4
+        out = getattr(finished, kept)
+        assert out.total_bytes == 900_000 + 4
+        assert out.text.endswith("ktail")
+        gone = finished.stdout if kept == "stderr" else finished.stderr
+        assert gone.total_bytes == 0
