@@ -45,6 +45,7 @@ from shellseam import (  # noqa: E402
 from shellseam._bench.ray import ensure_ray_temp_root, release_ray_temp_root  # noqa: E402
 from shellseam.ray import RayShellExecutor  # noqa: E402
 from shellseam.ray import node as ray_node  # noqa: E402
+from shellseam.ray.channel import ChannelTransport  # noqa: E402
 from shellseam.ray.executor import alive_nodes  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
@@ -190,6 +191,26 @@ def test_unbound_executor_picks_an_alive_node(cluster: LocalCluster, tmp_path: A
     assert ex.run_sync(spec(ex, "echo ok")).stdout.text == "ok\n"
     with pytest.raises(ValueError, match="node_id"):
         RayShellExecutor(node_id="f" * 56, cwd=str(tmp_path))
+
+
+def on_channel(ex: RayShellExecutor) -> None:
+    """Brings the executor's messages onto its node service's channel (the failure tests
+    then break a channel with calls in flight on it, not an actor call)."""
+    ex.run_sync(spec(ex, "true"))
+    transport = ex.link.transport()
+    assert isinstance(transport, ChannelTransport)
+    assert eventually(lambda: transport.channel_open, 10)
+
+
+def test_messages_travel_on_the_service_channel_once_it_is_open(ex: RayShellExecutor) -> None:
+    # The first message goes through the actor call while the channel opens beside it.
+    ex.run_sync(spec(ex, "true"))
+    transport = ex.link.transport()
+    assert isinstance(transport, ChannelTransport)
+    assert eventually(lambda: transport.channel_open, 10)
+    result = ex.run_sync(spec(ex, "echo via; echo err >&2; exit 3"))
+    assert (result.stdout.text, result.stderr.text, result.exit_code) == ("via\n", "err\n", 3)
+    assert transport.channel_open
 
 
 # -- foreground ----------------------------------------------------------------------------
@@ -342,6 +363,7 @@ def test_ray_kill_of_the_service_kills_its_commands(
     cluster: LocalCluster, keeper: bool, tmp_path: Any
 ) -> None:
     ex = RayShellExecutor(node_id=cluster.node_ids[1], cwd=str(tmp_path))
+    on_channel(ex)
     marker = new_marker()
     proc = ex.start(spec(ex, f"exec -a {marker} sleep 60"))
     assert eventually(lambda: bool(marker_pids(marker)), 10)
@@ -357,7 +379,7 @@ def test_sigkill_of_the_service_process_kills_its_commands(
     cluster: LocalCluster, keeper: bool, tmp_path: Any
 ) -> None:
     ex = RayShellExecutor(node_id=cluster.node_ids[0], cwd=str(tmp_path))
-    ex.run_sync(spec(ex, "true"))
+    on_channel(ex)
     marker = new_marker()
     result: list[Any] = []
 
@@ -382,6 +404,7 @@ def test_node_removal_is_remote_unavailable_and_leaves_nothing(
 ) -> None:
     doomed = cluster.cluster.add_node(num_cpus=1)
     ex = RayShellExecutor(node_id=doomed.node_id, cwd=str(tmp_path))
+    on_channel(ex)
     fg_marker, bg_marker = new_marker(), new_marker()
     proc = ex.start(spec(ex, f"exec -a {bg_marker} sleep 60"))
     result: list[Any] = []
@@ -447,10 +470,10 @@ def test_bench_rows_smoke(cluster: LocalCluster) -> None:
     from shellseam._bench import ray as bench_ray
 
     rows = bench_ray.run(True, tiny=True)
-    # R1 and its three diagnostics, R2, the spill read rate.
-    assert [r.verdict in ("PASS", "MISS") for r in rows] == [True, False, False, False, True, False]
-    assert {r.verdict for r in rows[1:4]} == {"info"}
-    assert rows[5].unit == "MiB/s" and (rows[5].value or 0) > 0
+    # R1 and its five diagnostics, R2, the spill read rate.
+    assert [r.verdict in ("PASS", "MISS") for r in rows] == [True] + [False] * 5 + [True, False]
+    assert {r.verdict for r in rows[1:6]} == {"info"}
+    assert rows[7].unit == "MiB/s" and (rows[7].value or 0) > 0
 
 
 def test_attack_a_command_driving_the_cluster_is_stopped_by_network_false(
@@ -486,3 +509,43 @@ def test_attack_a_command_driving_the_cluster_is_stopped_by_network_false(
     # Ray would retry for a minute; a few seconds show it gets nowhere.
     stopped = confined.run_sync(spec(confined, attack, sandbox_policy=policy, timeout_ms=8_000))
     assert "pwned" not in stopped.stdout.text and stopped.exit_code != 0
+
+
+def test_attack_a_command_that_reaches_the_channel_without_the_token_runs_nothing(
+    cluster: LocalCluster, tmp_path: Any
+) -> None:
+    """The threat: the channel listens on the node's address, which a command with the network
+    reaches. A pickle that runs code when loaded, sent as a frame straight away and after a
+    handshake with a guessed token, must never be loaded, and the service keeps serving."""
+    ex = RayShellExecutor(node_id=cluster.node_ids[0], cwd=str(tmp_path))
+    on_channel(ex)
+    actor = ray.get_actor(f"shellseam-node-{ex.node_id}", namespace="shellseam")
+    host, port, _token = ray.get(actor.channel.remote())
+    pwned = tmp_path / "pwned"
+    attack = textwrap.dedent(
+        f"""\
+        import os, pickle, socket, struct
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch {pwned}",))
+        body = pickle.dumps(("run", Evil()))
+        frame = struct.pack("!QI", 1, len(body)) + body + bytes(32)
+        with socket.create_connection(("{host}", {port}), timeout=5) as s:
+            s.sendall(frame)
+            print("raw", s.recv(100))
+        with socket.create_connection(("{host}", {port}), timeout=5) as s:
+            s.sendall(b"shellseam-channel-1\\n" + bytes(16))
+            s.recv(48)
+            s.sendall(bytes(32) + frame)
+            print("guessed", s.recv(100))
+        """
+    )
+    script = tmp_path / "attack.py"
+    script.write_text(attack)
+    got = ex.run_sync(spec(ex, f"{sys.executable} {script}", timeout_ms=30_000))
+    assert got.exit_code == 0, got.stderr.text
+    assert got.stdout.text == "raw b''\nguessed b''\n"  # both closed unanswered
+    time.sleep(0.5)
+    assert not pwned.exists()
+    assert ex.run_sync(spec(ex, "echo still")).stdout.text == "still\n"
+    assert ex.link.transport().channel_open  # type: ignore[attr-defined]

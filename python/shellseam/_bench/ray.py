@@ -2,11 +2,12 @@
 own yardsticks, on a local cluster of a head and two worker nodes (started here unless an
 address is given).
 
-- per-call overhead: ``bash -c true`` through the node service, against an empty actor round
-  trip plus a local ``run_sync`` (what the call cannot avoid), target <= 1.15x; with three
-  diagnostics: a round trip carrying one argument (an async actor deserializes arguments on
-  its event loop: one more thread hand-off than an empty call), a protocol message without a
-  command, and the call against the one-argument round trip plus the local ``run_sync``;
+- per-call overhead: ``bash -c true`` through the node service (on its channel, open by
+  then), against an empty actor round trip plus a local ``run_sync`` (what the call cannot
+  avoid), target <= 1.15x; with diagnostics: a protocol message without a command on the
+  channel and as an actor call, a round trip carrying one argument (an async actor
+  deserializes arguments on its event loop: one more thread hand-off than an empty call),
+  and the same ``run_sync`` through actor calls only (the path without the channel);
 - 64 in flight spread over the two worker nodes, against 64 local asyncio ``run`` calls:
   throughput, target >= 0.5x (one machine: this measures overhead, not scale);
 - the spill read rate of ``read_spill`` over a large spill file (information).
@@ -117,6 +118,10 @@ def run(
 
     from ..ray import RayShellExecutor
     from ..ray import node as ray_node
+    from ..ray.channel import ChannelTransport
+    from ..ray.client import RemoteShellExecutor
+    from ..ray.executor import RayTransport
+    from ..ray.link import NodeLink
     from ..ray.protocol import Heartbeat
 
     sequential_reps = 5 if tiny else 200 if quick else 500
@@ -136,7 +141,20 @@ def run(
 
             # A protocol message without a command: what the call costs beyond the bare
             # round trip before any process is spawned (diagnostic).
-            heartbeat = pickle.dumps(("heartbeat", Heartbeat(remote[0].link.client_id)))
+            beat = Heartbeat(remote[0].link.client_id)
+            heartbeat = pickle.dumps(("heartbeat", beat))
+            # The same calls through actor calls only: the path without the channel.
+            actor_link = NodeLink(remote[0].node_id, lambda: RayTransport(actor))
+            actor_only = RemoteShellExecutor(actor_link, mode=None, cwd=cwd)
+            true_actor_only = actor_only.resolve(ShellExecRequest(command="true"))
+            # Measure the steady state: the channel opens beside the first call.
+            remote[0].run_sync(true_remote)
+            transport = remote[0].link.transport()
+            until = time.monotonic() + 10
+            while not (isinstance(transport, ChannelTransport) and transport.channel_open):
+                if time.monotonic() > until:
+                    raise RuntimeError("the node service's channel did not open")
+                time.sleep(0.01)
 
             say("ray: sequential `bash -c true` ...")
             samples = interleaved(
@@ -147,13 +165,18 @@ def run(
                     # loop: Ray deserializes arguments on the loop thread (ray#7799).
                     "one_arg": timed(lambda: ray.get(actor.ping.remote(None))),
                     "message": timed(lambda: ray.get(actor.call.remote(heartbeat))),
+                    "channel": timed(lambda: transport.submit("heartbeat", beat).result(10)),
+                    "actor_only": timed(lambda: actor_only.run_sync(true_actor_only)),
                     "local": timed(lambda: local.run_sync(true_local)),
                 },
                 sequential_reps,
             )
+            actor_link.close()
             ours = median(samples["ray"]) * 1e3
             rtt = median(samples["rtt"]) * 1e3
             message = median(samples["message"]) * 1e3
+            on_channel = median(samples["channel"]) * 1e3
+            through_actor = median(samples["actor_only"]) * 1e3
             one_arg = median(samples["one_arg"]) * 1e3
             here = median(samples["local"]) * 1e3
             name = "R1 `bash -c true` through RayShellExecutor"
@@ -171,6 +194,27 @@ def run(
             rows.append(
                 ratio_row(
                     name,
+                    "protocol message on the channel vs empty actor call (diagnostic)",
+                    on_channel,
+                    rtt,
+                    "ms",
+                    None,
+                )
+            )
+            rows.append(
+                ratio_row(
+                    name,
+                    "run_sync through actor calls only vs the same (diagnostic)",
+                    through_actor,
+                    rtt + here,
+                    "ms",
+                    None,
+                    note="the path without the channel",
+                )
+            )
+            rows.append(
+                ratio_row(
+                    name,
                     "one-argument round trip vs empty (diagnostic)",
                     one_arg,
                     rtt,
@@ -182,7 +226,7 @@ def run(
             rows.append(
                 ratio_row(
                     name,
-                    "protocol message round trip vs empty (diagnostic)",
+                    "protocol message as an actor call vs empty (diagnostic)",
                     message,
                     rtt,
                     "ms",

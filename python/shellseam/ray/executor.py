@@ -2,10 +2,11 @@
 
 The executor binds to one node when built (the given ``node_id``, else the least loaded
 alive node) and never moves: a workspace lives on one node. It talks to that node's service
-actor (``node``) through ``RayTransport``, which maps Ray's failures onto the protocol's two:
-``ActorUnavailableError`` ("may or may not have run") is a safe re-ask, because every call
-carries a call id; everything else means the node service is gone. All executors of one
-process share one link (one client, one lease) per node.
+actor (``node``): once the service's direct channel is open (``channel``), on that channel,
+and through ``RayTransport`` until then and whenever it broke. ``RayTransport`` maps Ray's
+failures onto the protocol's two: ``ActorUnavailableError`` ("may or may not have run") is a
+safe re-ask, because every call carries a call id; everything else means the node service is
+gone. All executors of one process share one link (one client, one lease) per node.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import ray.exceptions
 from ..errors import REMOTE_UNAVAILABLE, ShellError
 from ..types import SandboxMode
 from . import node as _node
+from .channel import ChannelClient, ChannelTransport, channel_allowed
 from .client import RemoteShellExecutor
 from .link import NodeLink
 from .protocol import LEASE_S, NodeInfo, NodeLost, RetryDelivery, Transport, WireEncoder
@@ -151,7 +153,16 @@ def _connect(node_id: str, max_running: int | None, lease_s: float) -> Transport
         raise NodeLost("Ray is not initialized in this process")
     if node_id not in alive_nodes():
         raise NodeLost(f"node {node_id} is not alive")
-    return RayTransport(_node.get_or_create(node_id, max_running=max_running, lease_s=lease_s))
+    actor = _node.get_or_create(node_id, max_running=max_running, lease_s=lease_s)
+    through_ray = RayTransport(actor)
+    if not channel_allowed():
+        return through_ray
+
+    def open_channel() -> ChannelClient:
+        host, port, token = ray.get(actor.channel.remote(), timeout=_INFO_TIMEOUT_S)
+        return ChannelClient(host, port, token)
+
+    return ChannelTransport(open_channel, through_ray)
 
 
 def link_for(node_id: str, *, max_running: int | None = None, lease_s: float = LEASE_S) -> NodeLink:

@@ -83,10 +83,12 @@ class NodeLink:
             return self._transport
 
     def forget_transport(self, transport: Transport) -> None:
-        """After a loss: the next call connects afresh (a new incarnation, maybe)."""
+        """After a loss: the next call connects afresh (a new incarnation, maybe); what the
+        lost transport holds (a channel to the dead service) is released."""
         with self._lock:
             if self._transport is transport:
                 self._transport = None
+        transport.close()
 
     def new_id(self) -> str:
         return f"{self.client_id}#{next(self._ids)}"
@@ -157,6 +159,10 @@ class NodeLink:
     def close(self) -> None:
         self.closed = True
         _heartbeats.discard(self)
+        with self._lock:
+            transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
 
     # -- delivery --------------------------------------------------------------------
 

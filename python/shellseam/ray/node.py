@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
+from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .channel import ChannelServer
 from .nodestate import NodeState
 from .protocol import (
     LEASE_S,
@@ -78,6 +81,8 @@ class NodeService:
             strip_env=worker_additions(),
         )
         self._wire = WireDecoder()
+        self._channel = ChannelServer(self.call, self._keeper_alive)
+        self._keeper: tuple[int, int] | None = None  # (pid, pidfd)
 
     async def call(self, payload: bytes) -> bytes:
         """One message as ``WireEncoder`` bytes in, the pickled reply out: Ray carries bytes
@@ -87,6 +92,33 @@ class NodeService:
             raise ValueError(f"unknown node service method {method!r}")
         reply = await getattr(self._state, method)(message)
         return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _keeper_alive(self) -> bool:
+        """Whether the service's containment keeper still runs. Without it the service is
+        going down or can no longer keep its promises (Ray configured to SIGKILL a worker's
+        children as it exits, or someone killed the keeper): the channel then stops
+        answering, and the client learns what happened through Ray, as an actor call would."""
+        pid = self._state.service.keeper_pid
+        if pid is None:
+            return True
+        if self._keeper is None or self._keeper[0] != pid:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                return False
+            if self._keeper is not None:
+                os.close(self._keeper[1])
+            self._keeper = (pid, fd)
+        poller = select.poll()
+        poller.register(self._keeper[1], select.POLLIN)
+        return not poller.poll(0)
+
+    async def channel(self, msg: object = None) -> tuple[str, int, bytes]:
+        """The endpoint and token of this service's direct channel (``channel.py``), listening
+        on the node's address from the first ask on."""
+        node_address: Callable[[], str] = ray.util.get_node_ip_address  # untyped in Ray
+        host, port = await self._channel.start(node_address())
+        return host, port, self._channel.token
 
     async def run(self, msg: RunCall) -> RunReply:
         return await self._state.run(msg)
@@ -159,6 +191,11 @@ def get_or_create(node_id: str, *, max_running: int | None = None, lease_s: floa
         max_restarts=0,
         max_task_retries=0,
         max_concurrency=MAX_CONCURRENCY,
+        # Ray's worker would SIGKILL its direct children (the keeper and the commands) as it
+        # exits, while the service still answers on its channel: a command Ray killed would
+        # then be reported as an ordinary end. The keeper takes the commands down instead,
+        # once the worker is gone and nothing can answer any more.
+        runtime_env={"env_vars": {"RAY_kill_child_processes_on_worker_exit": "false"}},
     ).remote(node_id, max_running, lease_s)
 
 
