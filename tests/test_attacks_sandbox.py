@@ -169,6 +169,77 @@ def test_1_a_missing_root_planted_as_a_symlink_is_refused(
     assert os.listdir(box["protected"]) == ["file"]
 
 
+def test_1_a_root_planted_as_a_symlink_before_its_first_use_is_refused(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    # Found by attacking: session B's workspace exists under /tmp but no call has used it
+    # yet. A command of session A swaps it for a symlink to a directory nobody may write;
+    # B's first call must not pin where the symlink leads. Through the BashTool, as a model
+    # would, and with a fresh executor (whose pins know nothing yet).
+    from shellseam import BashTool, ManagedEnvRegistry, ToolContext
+
+    session_b = os.path.join(box["ws_parent"], "session-b")
+    os.mkdir(session_b)
+    tool = BashTool(
+        sandbox(box, svc),
+        tasks=None,
+        env=ManagedEnvRegistry(home=box["base"]),
+        enable_run_in_background=False,
+    )
+
+    async def call(cmd: str, cwd: str) -> str:
+        ctx = ToolContext(session_id=cwd, session_cwd=cwd)
+        res = await tool.execute({"command": cmd, "description": "d"}, ctx)
+        return res.text
+
+    plant = f"mv {session_b} {session_b}.gone && ln -s {box['protected']} {session_b}"
+    assert asyncio.run(call(plant, box["ws"])).endswith("[exit code: 0]")
+    second = asyncio.run(call(f"echo pwned > {box['protected']}/new", session_b))
+    assert second.startswith(f"Error: sandbox unavailable: workspace root {session_b} leads")
+    fresh = SandboxShellExecutor(mode="workspace-write", cwd=session_b, service=svc)
+    with pytest.raises(ShellError) as info:
+        fresh.resolve(ShellExecRequest(command=f"echo pwned > {box['protected']}/new"))
+    assert info.value.code == "SANDBOX_UNAVAILABLE"
+    assert info.value.reason == (
+        f"workspace root {session_b} leads through {session_b}, a symlink in a directory "
+        "confined commands can write: pass the root's real path"
+    )
+    assert os.listdir(box["protected"]) == ["file"]
+
+
+def test_1_a_planted_tmpdir_symlink_is_refused(
+    box: dict[str, str], svc: SubprocessService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tmpdir = os.path.join(box["ws_parent"], "tmpdir")
+    os.symlink(box["protected"], tmpdir)  # as a command under /tmp could have
+    monkeypatch.setenv("TMPDIR", tmpdir)
+    with pytest.raises(ShellError) as info:
+        run(sandbox(box, svc), f"echo pwned > {box['protected']}/new")
+    assert info.value.code == "SANDBOX_UNAVAILABLE"
+    assert os.listdir(box["protected"]) == ["file"]
+
+
+def test_1_symlinked_roots_that_widen_nothing_still_resolve(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    # A symlink outside every writable directory (the harness's own layout), and one under
+    # /tmp that stays under /tmp, are followed as before.
+    outside = os.path.join(box["base"], "link-to-protected")
+    os.symlink(box["protected"], outside)
+    inside = os.path.join(box["ws_parent"], "link-to-ws")
+    os.symlink(box["ws"], inside)
+    ex = sandbox(box, svc)
+    for link, real in ((outside, box["protected"]), (inside, box["ws"])):
+        spec = ex.resolve(
+            ShellExecRequest(
+                command="true",
+                sandbox_policy=SandboxPolicy(mode="workspace-write", workspace_root=link),
+            )
+        )
+        assert spec.sandbox_policy is not None
+        assert spec.sandbox_policy.workspace_root == real
+
+
 def test_1_relative_and_non_absolute_roots_are_invalid(
     box: dict[str, str], svc: SubprocessService
 ) -> None:
@@ -849,3 +920,27 @@ def test_long_commands_with_the_harness_stdin_closed() -> None:
     assert out.stdout.splitlines() == ["read-only 0 ok-1 ''", "workspace-write 0 ok-1 ''"], (
         out.stderr
     )
+
+
+def test_1_the_cli_sees_the_symlink_its_shell_entered(box: dict[str, str]) -> None:
+    # `cd /tmp/x && shellseam run --sandbox workspace-write ...` after a command of an
+    # earlier run swapped /tmp/x for a symlink: the shell's $PWD names the symlink, and the
+    # CLI judges the root by it (os.getcwd() would only show where it leads).
+    link = os.path.join(box["ws_parent"], "x")
+    os.symlink(box["protected"], link)
+    env = {**os.environ, "PWD": link}
+    p = subprocess.run(
+        [PY, "-m", "shellseam.cli", "run", "--sandbox", "workspace-write", "--",
+         f"echo pwned > {box['protected']}/new"],
+        cwd=link, env=env, capture_output=True, text=True, timeout=60, input="",
+    )  # fmt: skip
+    assert p.returncode != 0
+    assert "leads through" in p.stderr and p.stderr.count("\n") == 1
+    assert os.listdir(box["protected"]) == ["file"]
+    # The same directory entered by its real path is an ordinary workspace.
+    ok = subprocess.run(
+        [PY, "-m", "shellseam.cli", "run", "--sandbox", "workspace-write", "--", "pwd"],
+        cwd=box["ws"], env={**os.environ, "PWD": box["ws"]},
+        capture_output=True, text=True, timeout=60, input="",
+    )  # fmt: skip
+    assert ok.returncode == 0 and ok.stdout.startswith(box["ws"] + "\n")

@@ -23,7 +23,7 @@ from .abort import AbortController
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 from .executor import ShellExecutor
 from .factory import make_executor
-from .paths import cli_spill_parent
+from .paths import cli_spill_parent, logical_cwd
 from .process import ShellProcess
 from .render import STDERR_SECTION
 from .service import SubprocessService
@@ -130,7 +130,8 @@ async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
         loop.add_signal_handler(signum, on_stop, signum)
     # A workspace-write call may write anywhere under the cwd (its workspace root): the spill
     # files must live outside it.
-    roots = [os.getcwd()] if args.sandbox == "workspace-write" else []
+    cwd = logical_cwd()
+    roots = [cwd] if args.sandbox == "workspace-write" else []
     service = SubprocessService(spill_parent=cli_spill_parent(*roots), keep_spill=True)
     try:
         try:
@@ -140,7 +141,7 @@ async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:
                 {"max_output_bytes": STREAM_BUFFER_BYTES} if args.stream else {}
             )
             executor = make_executor(
-                args.sandbox, network=not args.no_network, service=service, **config
+                args.sandbox, network=not args.no_network, service=service, cwd=cwd, **config
             )
         except ValueError as err:
             raise _Usage(str(err).replace("network=False", "--no-network")) from None

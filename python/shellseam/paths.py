@@ -17,6 +17,23 @@ import os
 from .service import _owned_dir, _private_dir, default_spill_parent
 
 
+def logical_cwd() -> str:
+    """The working directory as the shell that started us names it (``$PWD``, as ``pwd -L``
+    prints it) when that still names the current directory, else ``os.getcwd()``: a sandbox
+    must see a symlink the directory was entered through to judge who could have planted it."""
+    cwd = os.getcwd()
+    pwd = os.environ.get("PWD")
+    if not pwd or not os.path.isabs(pwd) or "\0" in pwd or pwd == cwd:
+        return cwd
+    try:
+        here, there = os.stat(cwd), os.stat(pwd)
+    except OSError:
+        return cwd
+    if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+        return cwd
+    return os.path.normpath(pwd)
+
+
 def _inside(path: str, root: str) -> bool:
     path, root = os.path.realpath(path), os.path.realpath(root)
     return os.path.commonpath([path, root]) == root

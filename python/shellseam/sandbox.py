@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import re
+import stat
 import threading
 import weakref
 from collections import OrderedDict
@@ -64,6 +65,9 @@ _SHARED_WRITABLE = ("/tmp", "/dev/shm")
 _CACHE_VARS = ("XDG_CACHE_HOME", "PIP_CACHE_DIR", "npm_config_cache")
 #: Removed from a confined command's inherited environment (spec.env may pass it back).
 _CONFINED_DROPS = (b"SSH_AUTH_SOCK",)
+
+#: The shared writable roots as real paths (resolved once: the system's own layout).
+_SHARED_REALS = tuple(os.path.realpath(root) for root in _SHARED_WRITABLE)
 
 _RULESET_CACHE_SIZE = 64
 _MAX_PINNED_ROOTS = 4096
@@ -120,6 +124,41 @@ def _without_exec_denial(tail: str) -> str:
     return tail
 
 
+#: Real paths of every writable root pinned in this process (bounded): a symlink inside one
+#: of them, or inside a shared writable root, may have been planted by a confined command.
+_WRITABLE_REALS: set[str] = set()
+_WRITABLE_LOCK = threading.Lock()
+
+
+def _planted_link(path: str) -> str | None:
+    """The first symlink on ``path`` that sits in a directory confined commands may write (a
+    shared writable root, or a writable root pinned in this process) and leads out of the
+    shared writable roots: any earlier command could have planted it, so following it would
+    let that command decide what a later call may write. A link that stays within ``/tmp``
+    or ``/dev/shm`` grants nothing every workspace-write call does not have. None when there
+    is no such link."""
+    with _WRITABLE_LOCK:
+        writable = [*_SHARED_REALS, *_WRITABLE_REALS]
+    current = "/"
+    for part in os.path.normpath(path).split("/"):
+        if not part:
+            continue
+        candidate = os.path.join(current, part)
+        try:
+            st = os.lstat(candidate)
+        except OSError:
+            return None  # nothing (or nothing reachable) there: nothing to follow
+        if stat.S_ISLNK(st.st_mode):
+            target = os.path.realpath(candidate)
+            planted = any(_inside(current, root) for root in writable)
+            if planted and not any(_inside(target, root) for root in _SHARED_REALS):
+                return candidate
+            current = target
+        else:
+            current = candidate
+    return None
+
+
 class _PinnedRoots:
     """Root path → the directory identity it had when first seen, with an O_PATH fd held
     on that directory (so the identity can never be reused while the executor lives)."""
@@ -131,10 +170,11 @@ class _PinnedRoots:
         self._fds: dict[Identity, int] = {}
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
 
-    def pin(self, path: str) -> tuple[str, Identity] | None:
+    def pin(self, path: str, *, writable: bool = False) -> tuple[str, Identity] | None:
         """(real path, identity) of ``path``; None when nothing exists there (a root that
         does not exist grants nothing and is not pinned). A path seen before costs one
-        ``stat``: it must still name the same directory."""
+        ``stat``: it must still name the same directory. A ``writable`` root seen for the
+        first time must not lead through a symlink a confined command could have planted."""
         known = self._known.get(path)
         if known is not None:
             try:
@@ -144,14 +184,21 @@ class _PinnedRoots:
             if (st.st_dev, st.st_ino) != known[1]:
                 raise _refuse(f"workspace root changed: {path}")
             return known
-        return self._pin_first(path)
+        return self._pin_first(path, writable)
 
-    def _pin_first(self, path: str) -> tuple[str, Identity] | None:
+    def _pin_first(self, path: str, writable: bool) -> tuple[str, Identity] | None:
         real = os.path.realpath(path)
         if path in self._absent and real != os.path.normpath(path):
             # Nothing was there when first seen; what appeared since goes through a symlink
             # a command may have planted (e.g. `ln -s / /tmp/later`): never grant it.
             raise _refuse(f"workspace root changed: {path}")
+        if writable:
+            link = _planted_link(path)
+            if link is not None:
+                raise _refuse(
+                    f"workspace root {path} leads through {link}, a symlink in a directory "
+                    "confined commands can write: pass the root's real path"
+                )
         try:
             fd = os.open(real, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
@@ -180,6 +227,10 @@ class _PinnedRoots:
                 self._fds[ident] = fd
             self._known.setdefault(path, (real, ident))
             self._known.setdefault(real, (real, ident))
+        if writable:
+            with _WRITABLE_LOCK:
+                if len(_WRITABLE_REALS) < _MAX_PINNED_ROOTS:
+                    _WRITABLE_REALS.add(real)
         return real, ident
 
     def fd(self, ident: Identity) -> int:
@@ -314,7 +365,7 @@ class SandboxShellExecutor(LocalShellExecutor):
                 writable_roots=tuple(roots),
                 network=policy.network,
             )
-        pinned = self._pins.pin(workspace)
+        pinned = self._pins.pin(workspace, writable=policy.mode == "workspace-write")
         workspace = pinned[0] if pinned else os.path.realpath(workspace)
         real_roots: list[str] = []
         if policy.mode == "workspace-write":
@@ -323,7 +374,7 @@ class SandboxShellExecutor(LocalShellExecutor):
                 # "$TMPDIR" means the harness's value at resolve time.
                 roots.append(tmpdir)
             for root in roots:
-                got = self._pins.pin(root)
+                got = self._pins.pin(root, writable=True)
                 real = got[0] if got else os.path.realpath(root)
                 if real not in real_roots and real != workspace:
                     real_roots.append(real)
@@ -356,18 +407,20 @@ class SandboxShellExecutor(LocalShellExecutor):
         idents = self._writable_identities(roots, service)
         cache = _ServiceCache.path(service)
         try:
-            cache_pin = self._pins.pin(cache)
+            cache_pin = self._pins.pin(cache, writable=True)
         except ShellError:
             cache_pin = None
         if cache_pin is None:  # removed (not pinned yet) or replaced (refused): a fresh one
             cache = _ServiceCache.renew(service)
-            cache_pin = self._pins.pin(cache)
+            cache_pin = self._pins.pin(cache, writable=True)
         if cache_pin is not None:
             idents.append(cache_pin[1])
         ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
         conf = Confinement(ruleset=ruleset, env_builder=self._cache_env(cache))
         # The next call of this policy only re-checks that every root is the same directory.
-        checks = tuple((path, self._pins.pin(path)) for path in dict.fromkeys((*roots, cache)))
+        checks = tuple(
+            (path, self._pins.pin(path, writable=True)) for path in dict.fromkeys((*roots, cache))
+        )
         if len(self._prepared) >= _RULESET_CACHE_SIZE:
             self._prepared.clear()
         self._prepared[key] = (service, tuple((p, got and got[1]) for p, got in checks), conf)
@@ -390,7 +443,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         for root in roots:
             if not os.path.isabs(root):
                 raise ShellError(INVALID_REQUEST, f"sandbox roots must be absolute, got {root!r}")
-            got = self._pins.pin(root)
+            got = self._pins.pin(root, writable=True)
             if got is None:
                 continue
             real, ident = got
