@@ -14,7 +14,9 @@ use nix::sys::resource::{getrlimit, Resource};
 
 use crate::adopted::{reap_strays, Strays};
 use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
-use crate::kill::{group_alive, group_members, liveness, only_a_dead_leader, signal_group};
+use crate::kill::{
+    liveness, only_a_dead_leader, session_members, signal_group, signal_session_member,
+};
 
 /// `(resource, soft, hard)` for `prlimit64` in the child.
 pub type Rlimit = (u32, u64, u64);
@@ -185,6 +187,12 @@ impl CallContainment {
     /// (once each: a trap in the shell must see one SIGTERM, not two).
     pub fn signal(&mut self, pgid: libc::pid_t, sig: libc::c_int) {
         let _ = signal_group(pgid, sig);
+        if self.cgroup.is_none() {
+            // Session containment: the session's members outside the group too.
+            for pid in session_members(pgid).1 {
+                signal_session_member(pid, pgid, sig);
+            }
+        }
         if let Some(cg) = &mut self.cgroup {
             if sig == libc::SIGKILL {
                 let _ = cg.kill_all();
@@ -204,7 +212,17 @@ impl CallContainment {
     /// executor terminates them as leftovers, so they are counted (once). Returns how many.
     pub fn terminate(&mut self, pgid: libc::pid_t) -> usize {
         let _ = signal_group(pgid, libc::SIGTERM);
-        let Some(cg) = &self.cgroup else { return 0 };
+        let Some(cg) = &self.cgroup else {
+            // Session containment: members that left the group (`set -m`, `setpgid`) are
+            // leftovers too, terminated and counted once.
+            let mut escaped = 0;
+            for pid in session_members(pgid).1 {
+                if signal_session_member(pid, pgid, libc::SIGTERM) && self.counted.insert(pid) {
+                    escaped += 1;
+                }
+            }
+            return escaped;
+        };
         let mut escaped = 0;
         for pid in cg.members() {
             // The group got its SIGTERM above; a second one would run a shell's trap twice.
@@ -244,11 +262,17 @@ impl CallContainment {
                 self.emptied = !alive;
                 (new, alive)
             }
-            None if group_alive(pgid) => {
-                let members = group_members(pgid);
-                (members.live, !members.gone())
+            None => {
+                // The whole session: its group, and members that left the group.
+                let (members, outside) = session_members(pgid);
+                let mut new = members.live - outside.len();
+                for pid in outside {
+                    if self.counted.insert(pid) {
+                        new += 1;
+                    }
+                }
+                (new, !members.gone())
             }
-            None => (0, false),
         }
     }
 
@@ -261,7 +285,7 @@ impl CallContainment {
                 self.emptied = !alive;
                 alive
             }
-            None => group_alive(pgid) && !group_members(pgid).gone(),
+            None => !session_members(pgid).0.gone(),
         }
     }
 

@@ -88,6 +88,79 @@ pub fn group_members(pgid: libc::pid_t) -> Members {
     members
 }
 
+/// The live members of a session: how many, and the pids of those outside the leader's
+/// group (`set -m` jobs, `setpgid(0, 0)`), which a signal to the group misses. A session
+/// keeps its id while its leader is unreaped, so `sid` names the call's session as long as
+/// the caller holds the leader. Same filter as `group_members`: one `getsid(2)` per process.
+pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
+    let mut members = Members::default();
+    let mut outside = Vec::new();
+    if sid <= 1 || only_a_dead_leader(sid) {
+        return (members, outside);
+    }
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return (members, outside);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else {
+            continue;
+        };
+        // SAFETY: getsid(2) has no memory-safety preconditions.
+        if unsafe { libc::getsid(pid) } != sid {
+            continue; // another session's, or gone since the directory was read
+        }
+        match stat_of(pid) {
+            Some(s) if s.session != sid || s.dead() => {}
+            Some(s) if s.flags & PF_EXITING != 0 => members.exiting += 1,
+            Some(s) => {
+                members.live += 1;
+                if s.pgrp != sid {
+                    outside.push(pid);
+                }
+            }
+            None => {}
+        }
+    }
+    (members, outside)
+}
+
+/// Sends `sig` to `pid` only if it is still a live member of session `sid`: through a pidfd
+/// taken before the check, so a pid that was freed and handed to another process in the
+/// meantime is never signalled. False when it was not signalled.
+pub fn signal_session_member(pid: libc::pid_t, sid: libc::pid_t, sig: libc::c_int) -> bool {
+    // SAFETY: pidfd_open with integer arguments; the fd is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return false;
+    }
+    let fd = fd as libc::c_int;
+    // The pidfd names one process; /proc/<pid> read while that process still runs is its.
+    let member = stat_of(pid).is_some_and(|s| s.session == sid && !s.dead());
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd owned by this frame, no timeout.
+    let exited = unsafe { libc::poll(&mut pfd, 1, 0) } != 0;
+    let sent = member
+        && !exited
+        // SAFETY: pidfd_send_signal on the pidfd opened above, no siginfo.
+        && unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        } == 0;
+    // SAFETY: closes the pidfd opened above.
+    unsafe { libc::close(fd) };
+    sent
+}
+
 /// The fast path of `group_members`, two small reads: the group's leader is a zombie and no
 /// process (nor thread) was created in this pid namespace after it, so the group holds
 /// nothing else. Sound because the kernel cannot hand the leader's pid out again while the

@@ -392,3 +392,40 @@ def test_the_harness_own_children_keep_their_status(
         for p in mine:
             with contextlib.suppress(OSError):
                 p.kill()
+
+
+# Found by attacking: under session containment (no cgroup: `containment="session"`, or a host
+# without a writable hierarchy) a `set -m` job or a `setpgid(0, 0)` child leaves the shell's
+# process group but not its session, and SPEC §3 counts the session: they must be terminated
+# and counted when the call settles, however it settles.
+@pytest.mark.parametrize("form", ["set -m", "setpgid"])
+@pytest.mark.parametrize("kind", ["local", "workspace-write"])
+@pytest.mark.parametrize("ending", ["return", "timeout", "kill"])
+def test_session_containment_ends_the_whole_session(
+    svc: SubprocessService, tmp_path: os.PathLike[str], form: str, kind: str, ending: str
+) -> None:
+    if kind != "local" and landlock_abi() < 1:
+        pytest.skip("kernel has no Landlock")
+    config: dict[str, object] = {"containment": "session", "grace_ms": 300, "service": svc}
+    ex: LocalShellExecutor = (
+        LocalShellExecutor(cwd=str(tmp_path), **config)  # type: ignore[arg-type]
+        if kind == "local"
+        else SandboxShellExecutor(mode=kind, cwd=str(tmp_path), **config)  # type: ignore[arg-type]
+    )
+    token = new_token()
+    rest = {"return": "exit 0", "timeout": "sleep 300", "kill": "sleep 300"}[ending]
+    timeout_ms = 1500 if ending == "timeout" else 60_000
+    req = request(token, escape_then(form, rest), timeout_ms=timeout_ms)
+    if ending == "kill":
+        p = ex.start(ex.resolve(req))
+        deadline = time.monotonic() + 10
+        while len(survivors(token)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the shell, the escaper and the foreground sleep
+        assert p.kill()
+        assert p.wait_sync(10) and p.status == "killed"
+    else:
+        r = ex.run_sync(ex.resolve(req))
+        assert r.resources is not None and r.resources.containment == "session"
+        assert r.timed_out is (ending == "timeout")
+        assert r.leftover_killed >= 1
+    assert wait_gone(token) == []

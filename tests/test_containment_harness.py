@@ -31,6 +31,8 @@ ex = LocalShellExecutor(service=svc, max_output_bytes=100, containment=mode)
 env = {MARK_NAME: token}
 ex.run_sync(ex.resolve(ShellExecRequest(command="seq 1 1000", env=env)))  # spills
 commands = ["sleep 300", "sleep 300 & wait", "sleep 300 > /dev/null 2>&1 & sleep 300"]
+# A job in a group of its own, still in the session: the keeper must reach it too.
+commands.append("set -m; sleep 300 > /dev/null 2>&1 & sleep 300")
 if mode == "auto":  # only a cgroup holds a command that left its session
     commands[2] = "setsid sleep 300 > /dev/null 2>&1 & sleep 300"
 handles = [ex.start(ex.resolve(ShellExecRequest(command=c, env=env))) for c in commands]
