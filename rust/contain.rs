@@ -105,6 +105,12 @@ pub(crate) struct CallContainment {
     usage: Option<Usage>,
     /// `cgroup.events`, watched for EPOLLPRI while leftovers are being reaped.
     pub events: Option<(OwnedFd, Option<u64>)>,
+    /// The v1 memory controller's OOM eventfd (see `CallCgroup::oom_events`), watched while
+    /// the call runs: an OOM kills the whole call.
+    pub oom: Option<(OwnedFd, Option<u64>)>,
+    /// The call ran out of memory (its OOM event fired; the kill that followed may have
+    /// come before the kernel's own, so its `oom_kill` counter need not show it).
+    pub oom_seen: bool,
     /// Members already counted in `leftover_killed`.
     counted: HashSet<libc::pid_t>,
     /// The cgroup was last seen empty (the call's processes are all gone).
@@ -172,6 +178,8 @@ impl CallContainment {
                 cpu_exceeded: false,
                 usage: None,
                 events: None,
+                oom: None,
+                oom_seen: false,
                 counted: HashSet::new(),
                 emptied: false,
                 // SAFETY: gettid has no preconditions (the libc wrapper needs glibc 2.30).
@@ -358,7 +366,7 @@ impl CallContainment {
         let usage = self.usage.unwrap_or_default();
         let limit_hit = if self.cpu_exceeded {
             Some(LimitHit::Cpu)
-        } else if usage.oom_killed {
+        } else if usage.oom_killed || self.oom_seen {
             Some(LimitHit::Memory)
         } else if usage.forks_refused {
             Some(LimitHit::Processes)

@@ -232,6 +232,16 @@ pub(crate) fn on_cgroup_event(proc: &Proc, st: &mut ProcState, now: Instant) {
     }
 }
 
+/// The call's memory cgroup ran out of memory: the kernel killed one of its processes;
+/// SPEC's "memory over the limit → the call is killed" takes the rest along.
+pub(crate) fn on_oom(proc: &Proc, st: &mut ProcState) {
+    proc.shared.unwatch_oom(&mut st.contain); // once is enough
+    if st.phase != Phase::Done {
+        st.contain.oom_seen = true;
+        st.contain.signal(proc.pid, libc::SIGKILL);
+    }
+}
+
 /// A timer of this process fired.
 pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
     if st.phase == Phase::Done {

@@ -297,6 +297,7 @@ impl Service {
         }
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
         let first_cpu_check = contain.next_cpu_check;
+        let proc_has_memory_limit = contain.cgroup.is_some() && cfg.limits.memory_bytes.is_some();
         let cfg_defer_watch = cfg.defer_watch;
         let proc = Arc::new(Proc::new(
             token,
@@ -308,6 +309,9 @@ impl Service {
         ));
         if let Some(at) = first_cpu_check {
             self.shared.add_timer(at, token, true);
+        }
+        if proc_has_memory_limit {
+            self.shared.watch_oom(token, &mut lock(&proc.state).contain);
         }
         {
             let mut live = lock(&self.shared.live);
@@ -515,7 +519,8 @@ fn supervise(shared: &Arc<Shared>) {
                 | Source::Stderr(t)
                 | Source::Stdin(t)
                 | Source::Exit(t)
-                | Source::Cgroup(t) => t,
+                | Source::Cgroup(t)
+                | Source::Oom(t) => t,
             };
             let Some(proc) = shared.get(token) else {
                 continue;
@@ -531,6 +536,7 @@ fn supervise(shared: &Arc<Shared>) {
                 Source::Stdin(_) => lifecycle::feed_stdin(&proc, &mut st),
                 Source::Exit(_) => lifecycle::reap_leader(&proc, &mut st),
                 Source::Cgroup(_) => lifecycle::on_cgroup_event(&proc, &mut st, Instant::now()),
+                Source::Oom(_) => lifecycle::on_oom(&proc, &mut st),
                 Source::Wake => {}
             }
             lifecycle::advance(&proc, &mut st, Instant::now());

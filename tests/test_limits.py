@@ -63,6 +63,28 @@ def executor(
 
 
 @pytest.mark.skipif(PER_LIMIT["memory_bytes"] != "tree", reason="no memory controller")
+@pytest.mark.parametrize("background", [False, True])
+def test_an_oom_kill_ends_the_whole_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str], background: bool
+) -> None:
+    # Found by attacking: the kernel's OOM kill takes one process; on a v1 controller the
+    # shell went on (`...; echo after` printed "after", exit 0, under a "killed" marker).
+    # SPEC: memory over the limit -> the call is killed.
+    ex = executor(svc, tmp_path, limits=ResourceLimits(memory_bytes=100 * MIB))
+    hog = f"{PY} -c 'b = b\"x\" * (300 << 20)'"
+    command = f"sleep 30 & {hog}; sleep 30; echo after" if background else f"{hog}; echo after"
+    started = time.monotonic()
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command=command)))
+    assert time.monotonic() - started < 20
+    assert r.resources is not None and r.resources.limit_exceeded == "memory"
+    assert "after" not in r.stdout.text
+    assert r.signal == "SIGKILL" and r.exit_code is None
+    text = render_result(r)
+    assert "[killed: memory limit of 104857600 bytes exceeded]\n" in text
+    assert text.endswith("\n[killed by signal: SIGKILL]")
+
+
+@pytest.mark.skipif(PER_LIMIT["memory_bytes"] != "tree", reason="no memory controller")
 def test_memory_limit_kills_the_call_and_says_so(
     svc: SubprocessService, tmp_path: os.PathLike[str]
 ) -> None:

@@ -227,6 +227,15 @@ impl CallCgroup {
                     }
                 }
             }
+            if self.v2_memory {
+                // The kernel's OOM kill takes the whole call, not one process of it.
+                let group = if limits.memory_bytes.is_some() {
+                    "1"
+                } else {
+                    "0"
+                };
+                let _ = write_at(self.dir.raw(), "memory.oom.group", group);
+            }
             self.applied.memory_bytes = limits.memory_bytes;
         }
         if limits.max_processes != self.applied.max_processes {
@@ -428,6 +437,30 @@ impl CallCgroup {
     /// An fd on `cgroup.events` that raises EPOLLPRI when `populated` changes.
     pub fn events_fd(&self) -> io::Result<OwnedFd> {
         Ok(open_at(self.dir.raw(), "cgroup.events", libc::O_RDONLY)?.into())
+    }
+
+    /// On a v1 memory controller with a limit: an eventfd the kernel signals when the call's
+    /// cgroup runs out of memory (`cgroup.event_control` on `memory.oom_control`), so that
+    /// the whole call can be killed, as v2's `memory.oom.group` does by itself. None when
+    /// there is no such controller or limit; the registration ends when the fd is closed.
+    pub fn oom_events(&self) -> io::Result<Option<OwnedFd>> {
+        if self.v2_memory || !self.use_memory || self.applied.memory_bytes.is_none() {
+            return Ok(None);
+        }
+        let Some(mem) = &self.memory else {
+            return Ok(None);
+        };
+        // SAFETY: eventfd with integer flags; the fd is owned right away.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd returned by eventfd above, owned only here.
+        let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
+        let control = open_at(mem.raw(), "memory.oom_control", libc::O_RDONLY)?;
+        let line = format!("{} {}", efd.as_raw_fd(), control.as_raw_fd());
+        write_at(mem.raw(), "cgroup.event_control", &line)?;
+        Ok(Some(efd))
     }
 
     /// SIGKILLs every member at once, including ones forked while we look.

@@ -75,6 +75,28 @@ impl Shared {
         lock(&self.keeper).spill_told = true;
     }
 
+    /// Watches the call's v1 OOM events (when it has a memory limit there), so that an OOM
+    /// kill inside the call ends all of it, as the SPEC's "the call is killed" says.
+    pub fn watch_oom(&self, token: u64, contain: &mut CallContainment) {
+        let Some(cg) = &contain.cgroup else { return };
+        if contain.oom.is_some() {
+            return;
+        }
+        if let Ok(Some(fd)) = cg.oom_events() {
+            let key = self
+                .watch(&fd, EpollFlags::EPOLLIN, Source::Oom(token))
+                .ok();
+            contain.oom = Some((fd, key));
+        }
+    }
+
+    /// Stops watching the call's OOM events (the eventfd's close ends the registration).
+    pub fn unwatch_oom(&self, contain: &mut CallContainment) {
+        if let Some((fd, key)) = contain.oom.take() {
+            self.unwatch(&fd, key);
+        }
+    }
+
     /// Watches the call's `cgroup.events` so that its emptying wakes the loop.
     pub fn watch_cgroup_events(&self, token: u64, contain: &mut CallContainment) {
         let Some(cg) = &contain.cgroup else { return };
@@ -107,6 +129,7 @@ impl Shared {
         if let Some((fd, key)) = contain.events.take() {
             self.unwatch(&fd, key);
         }
+        self.unwatch_oom(contain);
         contain.reap_strays(pgid, leader_held);
         if contain.cgroup.is_none() {
             self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));

@@ -13,4 +13,6 @@ pub(crate) enum Source {
     Exit(u64),
     /// The call's `cgroup.events` changed (EPOLLPRI): it may have emptied.
     Cgroup(u64),
+    /// The call's v1 memory cgroup ran out of memory.
+    Oom(u64),
 }
