@@ -224,6 +224,44 @@ def test_stream_shows_output_then_the_markers_on_stderr() -> None:
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "[exit code: 0]\n")
 
 
+def test_stream_timeout_fires_while_the_cli_stdout_is_blocked() -> None:
+    # Found by attacking: `shellseam run --stream --timeout-ms 1000 -- yes | sleep 30` kept
+    # `yes` running past its timeout: the live copy blocked on the full pipe and the timeout
+    # was only looked at between copies. The command must end on time whatever the reader.
+    marker = f"SHELLSEAM_TEST_STREAM_{os.getpid()}_{time.monotonic_ns()}"
+    env = {**os.environ, marker: "1"}
+
+    def running() -> list[str]:
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"{marker}=1".encode() in f.read().split(b"\0"):
+                        with open(f"/proc/{pid}/comm") as c:
+                            found.append(c.read().strip())
+            except OSError:
+                continue
+        return found
+
+    with subprocess.Popen(
+        [*CLI, "run", "--stream", "--timeout-ms", "1000", "--", "yes"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,  # never read until the end: the pipe fills
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as proc:
+        try:
+            time.sleep(1.0)
+            assert "yes" in running()
+            deadline = time.monotonic() + 10
+            while "yes" in running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "yes" not in running()  # killed on time, the CLI still blocked
+        finally:
+            proc.kill()
+            proc.communicate()
+
+
 def test_stream_is_live() -> None:
     with subprocess.Popen(
         [*CLI, "run", "--stream", "--", "echo first; sleep 30; echo never"],

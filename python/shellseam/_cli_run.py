@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -184,14 +185,23 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
     proc = executor.start(spec)
     _raise_spawn_failure(proc)
     cause: list[str] = []
+    cause_lock = threading.Lock()
 
     def stop(why: str) -> None:
-        if not cause:
-            cause.append(why)
+        with cause_lock:
+            first = not cause
+            if first:
+                cause.append(why)
+        if first:
             proc.kill()
 
     remove = spec.signal.add_listener(lambda: stop("abort")) if spec.signal else None
     deadline = loop.time() + spec.timeout_ms / 1000
+    # The copy below blocks while the CLI's own stdout is full (a reader that does not
+    # read): the timeout must not wait for it.
+    timer = threading.Timer(spec.timeout_ms / 1000, stop, ("timeout",))
+    timer.daemon = True
+    timer.start()
     spills: dict[str, str] = {}
     waiter = asyncio.ensure_future(proc.wait())
     try:
@@ -205,6 +215,7 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
             if loop.time() >= deadline:
                 stop("timeout")
     finally:
+        timer.cancel()
         if remove is not None:
             remove()
         if not waiter.done():
