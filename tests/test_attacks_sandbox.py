@@ -944,3 +944,21 @@ def test_1_the_cli_sees_the_symlink_its_shell_entered(box: dict[str, str]) -> No
         capture_output=True, text=True, timeout=60, input="",
     )  # fmt: skip
     assert ok.returncode == 0 and ok.stdout.startswith(box["ws"] + "\n")
+
+
+@needs_root
+def test_1_kernel_filesystems_are_never_writable_roots(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    # Found by attacking: a harness that granted the cgroup hierarchy as a writable root let a
+    # root-uid command move itself out of its call's cgroup (`echo $$ > .../cgroup.procs`),
+    # capabilities dropped or not: uid 0 owns those files.
+    ex = sandbox(box, svc)
+    roots = [
+        r for r in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/proc", "/sys") if os.path.isdir(r)
+    ]
+    for root in roots:
+        with pytest.raises(ShellError) as info:
+            run(ex, "echo $$ > cgroup.procs", sandbox_policy=policy(box, writable_roots=(root,)))
+        assert info.value.code == "SANDBOX_UNAVAILABLE"
+        assert info.value.reason.startswith(f"writable root {root} reaches the kernel's ")

@@ -159,6 +159,55 @@ def _planted_link(path: str) -> str | None:
     return None
 
 
+#: Kernel interface filesystems a writable root must never lie on: writing there moves
+#: processes between cgroups (out of the call's), tunes the kernel, or reaches devices.
+_KERNEL_FILESYSTEMS = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "bpf",
+        "configfs",
+        "efivarfs",
+        "pstore",
+        "fusectl",
+        "binfmt_misc",
+        "devtmpfs",
+        "devpts",
+        "mqueue",
+    }
+)
+
+
+def _kernel_filesystem_under(real: str) -> tuple[str, str] | None:
+    """(mount point, type) of a kernel interface filesystem that ``real`` (a real path) lies
+    on, or that is mounted beneath it (a Landlock rule reaches through mount points); None
+    when there is none, or the mount table cannot be read."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            mounts = f.read().splitlines()
+    except OSError:
+        return None
+    best, on = "", None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        fstype = fields[2]
+        if _inside(real, point) and len(point) >= len(best):
+            best, on = point, (point, fstype)  # the filesystem ``real`` lies on (so far)
+        elif fstype in _KERNEL_FILESYSTEMS and _inside(point, real):
+            return point, fstype
+    if on is not None and on[1] in _KERNEL_FILESYSTEMS:
+        return on
+    return None
+
+
 class _PinnedRoots:
     """Root path → the directory identity it had when first seen, with an O_PATH fd held
     on that directory (so the identity can never be reused while the executor lives)."""
@@ -198,6 +247,12 @@ class _PinnedRoots:
                 raise _refuse(
                     f"workspace root {path} leads through {link}, a symlink in a directory "
                     "confined commands can write: pass the root's real path"
+                )
+            kernel = _kernel_filesystem_under(real)
+            if kernel is not None:
+                raise _refuse(
+                    f"writable root {path} reaches the kernel's {kernel[1]} filesystem "
+                    f"at {kernel[0]}"
                 )
         try:
             fd = os.open(real, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
