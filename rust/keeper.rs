@@ -109,6 +109,12 @@ pub fn keeper_main(fd: i32) -> i32 {
         // SAFETY: installs the ignore disposition; no handler code is involved.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
+    // Not dumpable: a command of the harness's user cannot open the keeper's duty pipe
+    // through /proc/<keeper>/fd (to hold it open past the harness's death, or to write it
+    // duties), read its memory or ptrace it. (Root with CAP_SYS_PTRACE still can: an
+    // unconfined root command is outside every boundary.)
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // SAFETY: the keeper owns fd `fd` (its stdin); nothing else uses it.
     let input = unsafe { fs::File::from_raw_fd(fd) };
     let mut duties = Duties::default();

@@ -261,3 +261,53 @@ def test_subreaper_harness_accumulates_no_zombies(mode: str) -> None:
             assert survivors(token) == []
     finally:
         kill_marked()
+
+
+# The harness's interpreter must be one the other user may run (a venv under /root is not).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a harness as another user")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs a system python3")
+def test_a_command_cannot_take_the_keepers_duty_pipe(tmp_path: os.PathLike[str]) -> None:
+    # Found by attacking: an unconfined command opened /proc/<keeper>/fd/0 for writing; held
+    # open, the keeper never saw its harness die (every command outlived it), and a written
+    # `spill <dir>` line had the keeper delete that directory. A harness of an ordinary user
+    # (root could still ptrace anything): its keeper is not dumpable, so its commands, of the
+    # same user, cannot open the keeper's fds.
+    import pathlib
+    import shutil
+    import tempfile
+    import textwrap
+
+    import shellseam
+
+    uid = 65534
+    home = pathlib.Path(tempfile.mkdtemp(prefix="shellseam-keeper-", dir="/var/tmp"))
+    try:
+        shutil.copytree(os.path.dirname(shellseam.__file__), home / "site" / "shellseam")
+        os.chown(home, uid, uid)
+        script = textwrap.dedent(
+            """
+            from shellseam import LocalShellExecutor, ShellExecRequest, SubprocessService
+            svc = SubprocessService()
+            ex = LocalShellExecutor(cwd="/", service=svc)
+            ex.run_sync(ex.resolve(ShellExecRequest(command="true")))  # starts the keeper
+            assert svc.keeper_pid is not None
+            import time; time.sleep(1)  # the keeper is up (it drops dumpability once loaded)
+            q = f"exec 7>/proc/{svc.keeper_pid}/fd/0 && echo took || echo refused"
+            print(ex.run_sync(ex.resolve(ShellExecRequest(command=q))).stdout.text, end="")
+            svc.dispose()
+            """
+        )
+        got = subprocess.run(
+            ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups",
+             SYSTEM_PYTHON, "-c", script],
+            capture_output=True, text=True, timeout=60, cwd=str(home),
+            env={**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+                 "PYTHONPATH": str(home / "site")},
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == "refused\n"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
