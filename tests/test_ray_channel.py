@@ -289,3 +289,86 @@ def test_a_broken_channel_sends_the_next_message_through_the_actor(node: Any) ->
         assert transport.submit("ping", 1).result(10) == ("fallback", "ping", 1)
     finally:
         transport.close()
+
+
+def _freeze(loop: LoopThread, seconds: float) -> threading.Event:
+    """Blocks the node's event loop for ``seconds`` (a node that stops answering, its
+    connection still open: a path lost without a reset looks the same to the client)."""
+    frozen = threading.Event()
+
+    def block() -> None:
+        frozen.set()
+        time.sleep(seconds)
+
+    loop.loop.call_soon_threadsafe(block)
+    frozen.wait(5)
+    return frozen
+
+
+def test_a_stalled_channel_is_given_up_and_its_calls_asked_again(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by attacking: a channel whose peer stopped answering stayed "open" for good;
+    # every call waited for the watchdog and failed as REMOTE_UNAVAILABLE while the actor
+    # answered fine. A reply overdue with nothing heard is a dead channel.
+    import shellseam.ray.channel as channel
+
+    monkeypatch.setattr(channel, "STALL_S", 0.5)
+    _node, server, address, loop = node
+    fallback = RecordingTransport()
+    transport = ChannelTransport(lambda: _client(server, address), fallback, retry_after_s=60)
+    try:
+        transport.submit("ping", 0).result(10)
+        _wait_for(lambda: transport.channel_open)
+        _freeze(loop, 2.0)
+        waiting = transport.submit("ping", 1)  # on the channel: no answer comes
+        time.sleep(0.7)
+        # The next message (the heartbeat, in the product) finds the channel stalled.
+        assert transport.submit("ping", 2).result(10) == ("fallback", "ping", 2)
+        assert isinstance(waiting.exception(10), RetryDelivery)  # asked again by the link
+        assert not transport.channel_open
+    finally:
+        transport.close()
+
+
+def test_submit_does_not_block_for_good_on_a_peer_that_stops_reading(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by attacking: with the peer's buffers full, sendall blocked submit (and its lock,
+    # and every other caller) without end. A send gives up after SEND_TIMEOUT_S.
+    import shellseam.ray.channel as channel
+
+    monkeypatch.setattr(channel, "SEND_TIMEOUT_S", 0.5)
+    _node, server, address, loop = node
+    client = _client(server, address)
+    _freeze(loop, 4.0)
+    big = _body("ping", b"x" * (8 << 20))
+    started = time.monotonic()
+    with pytest.raises(ChannelDown):
+        for _ in range(16):  # far more than the socket buffers hold
+            client.submit(big)
+    assert time.monotonic() - started < 3.5
+    assert not client.alive
+
+
+def test_a_forged_length_allocates_nothing_ahead() -> None:
+    # Found by attacking: a 12-byte header claiming 1 GiB made the client allocate 1 GiB
+    # before any of it (or its MAC) arrived.
+    import tracemalloc
+
+    from shellseam.ray.channel import _recv_exactly
+
+    ours, theirs = socket.socketpair()
+    try:
+        theirs.sendall(b"y" * 1000)
+        theirs.close()
+        tracemalloc.start()
+        try:
+            with pytest.raises(ConnectionError):
+                _recv_exactly(ours, 1 << 30)
+            _current, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20
+    finally:
+        ours.close()

@@ -63,8 +63,19 @@ MAX_FRAME: Final = 1 << 30
 MAX_HANDSHAKES: Final = 64
 #: How long a peer may take over its half of the handshake (seconds).
 HANDSHAKE_S: Final = 5.0
-#: After a failed attempt, messages go through Ray for this long before the next one.
+#: After a failed attempt, or a channel that broke, messages go through Ray for this long
+#: before the next attempt.
 RETRY_AFTER_S: Final = 5.0
+#: A channel with a message waiting this long for its reply, and nothing at all received in
+#: that time, is taken for stalled (a path lost without a reset): the heartbeat every 2 s
+#: keeps a healthy channel talking. Its calls are asked again through Ray.
+STALL_S: Final = 6.0
+#: Longest a ``submit`` may block on a full send buffer before the channel is given up.
+SEND_TIMEOUT_S: Final = 5.0
+#: Slice in which the reader looks whether its connection was given up.
+_READ_SLICE_S: Final = 1.0
+#: Largest piece read at once: memory grows with what arrives, not with what a header says.
+_READ_CHUNK: Final = 1 << 20
 
 _OK: Final = b"\0"
 _ERR: Final = b"\1"
@@ -192,6 +203,9 @@ class ChannelServer:
                 writer.close()
             if writer.is_closing():
                 return  # the client asks again elsewhere (RetryDelivery)
+            if len(reply) > MAX_FRAME:
+                writer.close()  # the client asks again, through Ray
+                return
             header = _HEADER.pack(request, len(reply))
             writer.writelines([header, reply, _frame_mac(key, b"N", next(sent), header, reply)])
             with contextlib.suppress(ConnectionError, OSError):
@@ -201,16 +215,26 @@ class ChannelServer:
 # -- client side ---------------------------------------------------------------------------
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray(size)
-    view = memoryview(data)
+def _recv_exactly(
+    sock: socket.socket, size: int, alive: Callable[[], bool] = lambda: False
+) -> bytes:
+    """``size`` bytes from ``sock``, read in pieces (never allocated ahead of what arrived);
+    a read that times out is tried again while ``alive()`` (by default, never: the timeout
+    is the caller's limit)."""
+    parts: list[bytes] = []
     got = 0
     while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
+        try:
+            piece = sock.recv(min(size - got, _READ_CHUNK))
+        except TimeoutError:
+            if not alive():
+                raise ConnectionError("the channel was given up") from None
+            continue
+        if not piece:
             raise ConnectionError("the node service closed the channel")
-        got += n
-    return bytes(data)
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
 
 
 class ChannelClient:
@@ -229,7 +253,8 @@ class ChannelClient:
             if not hmac.compare_digest(proof, _proof(token, b"node", ours, theirs)):
                 raise ConnectionError("the peer at the node service's address lacks its token")
             sock.sendall(_proof(token, b"client", theirs, ours))
-            sock.settimeout(None)
+            # Sends give up after SEND_TIMEOUT_S; the reader wakes every _READ_SLICE_S.
+            sock.settimeout(_READ_SLICE_S)
         except BaseException:
             sock.close()
             raise
@@ -239,6 +264,8 @@ class ChannelClient:
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._sent = itertools.count()
+        self._sent_at: dict[int, float] = {}
+        self.last_heard = time.monotonic()
         self.alive = True
         self._reader = threading.Thread(
             target=self._read_loop, name="shellseam-channel", daemon=True
@@ -256,13 +283,35 @@ class ChannelClient:
             header = _HEADER.pack(request, len(body))
             mac = _frame_mac(self._key, b"C", next(self._sent), header, body)
             self._pending[request] = out
+            self._sent_at[request] = time.monotonic()
             try:
-                self._sock.sendall(header + body + mac)
-            except OSError as err:
+                self._send(header + body + mac)
+            except OSError as err:  # a timeout too: part of the frame may be on the wire
                 del self._pending[request]
+                del self._sent_at[request]
                 self._down_locked()
                 raise ChannelDown(str(err)) from None
         return out
+
+    def _send(self, data: bytes) -> None:
+        """All of ``data``, or OSError (``TimeoutError`` after ``SEND_TIMEOUT_S``)."""
+        view = memoryview(data)
+        until = time.monotonic() + SEND_TIMEOUT_S
+        while view:
+            try:
+                sent = self._sock.send(view)
+            except TimeoutError:
+                if time.monotonic() >= until:
+                    raise
+                continue
+            view = view[sent:]
+
+    def stalled(self, now: float | None = None) -> bool:
+        """A message has waited ``STALL_S`` for its reply and nothing came in meanwhile."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            oldest = min(self._sent_at.values(), default=now)
+        return now - oldest >= STALL_S and now - self.last_heard >= STALL_S
 
     def close(self) -> None:
         if self.pid != os.getpid():
@@ -280,18 +329,23 @@ class ChannelClient:
                 self._sock.shutdown(socket.SHUT_RDWR)
 
     def _read_loop(self) -> None:
+        def alive() -> bool:
+            return self.alive
+
         try:
             for seq in itertools.count():
-                header = _recv_exactly(self._sock, _HEADER.size)
+                header = _recv_exactly(self._sock, _HEADER.size, alive)
                 request, size = _HEADER.unpack(header)
                 if size > MAX_FRAME:
                     return
-                body = _recv_exactly(self._sock, size)
-                mac = _recv_exactly(self._sock, _MAC)
+                body = _recv_exactly(self._sock, size, alive)
+                mac = _recv_exactly(self._sock, _MAC, alive)
                 if not hmac.compare_digest(mac, _frame_mac(self._key, b"N", seq, header, body)):
                     return  # never unpickle what the node service did not send
+                self.last_heard = time.monotonic()
                 with self._lock:
                     out = self._pending.pop(request, None)
+                    self._sent_at.pop(request, None)
                 if out is None or not out.set_running_or_notify_cancel():
                     continue
                 if body[:1] == _OK:
@@ -307,6 +361,7 @@ class ChannelClient:
             with self._lock:
                 self._down_locked()
                 pending, self._pending = self._pending, {}
+                self._sent_at.clear()
             self._sock.close()
             for out in pending.values():
                 if out.set_running_or_notify_cancel():
@@ -324,6 +379,8 @@ class ChannelTransport(Transport):
         *,
         retry_after_s: float = RETRY_AFTER_S,
     ) -> None:
+        """``open_channel`` connects (called on a thread of its own); ``fallback`` carries
+        the messages whenever the channel does not."""
         self._open = open_channel
         self._fallback = fallback
         self._retry_after_s = retry_after_s
@@ -360,8 +417,16 @@ class ChannelTransport(Transport):
     def _usable(self) -> ChannelClient | None:
         client = self._client
         if client is not None and client.alive and client.pid == os.getpid():
-            return client
+            if not client.stalled():
+                return client
+            # Silent for too long with a reply due: its calls are asked again through Ray.
+            client.close()
         with self._lock:
+            if client is not None and client is self._client:
+                # It broke (or stalled): some time on Ray before the next attempt, so that a
+                # channel that keeps breaking does not cost a reconnect per message.
+                self._client = None
+                self._next_try = time.monotonic() + self._retry_after_s
             if self._closed or self._opening or time.monotonic() < self._next_try:
                 return None
             self._opening = True
