@@ -15,7 +15,7 @@ use nix::sys::resource::{getrlimit, Resource};
 use crate::adopted::{reap_strays, Strays};
 use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
 use crate::kill::{
-    liveness, only_a_dead_leader, session_members, signal_group, signal_session_member,
+    liveness, only_a_dead_leader, session_members, signal_group, signal_outside_group,
 };
 
 /// `(resource, soft, hard)` for `prlimit64` in the child.
@@ -195,21 +195,18 @@ impl CallContainment {
     /// (once each: a trap in the shell must see one SIGTERM, not two).
     pub fn signal(&mut self, pgid: libc::pid_t, sig: libc::c_int) {
         let _ = signal_group(pgid, sig);
-        if self.cgroup.is_none() {
+        let Some(cg) = &mut self.cgroup else {
             // Session containment: the session's members outside the group too.
-            for pid in session_members(pgid).1 {
-                signal_session_member(pid, pgid, sig);
-            }
-        }
-        if let Some(cg) = &mut self.cgroup {
-            if sig == libc::SIGKILL {
-                let _ = cg.kill_all();
-            } else {
-                for pid in cg.members() {
-                    if crate::kill::pgrp_of(pid) != Some(pgid) {
-                        // SAFETY: kill(2) has no memory-safety preconditions.
-                        unsafe { libc::kill(pid, sig) };
-                    }
+            signal_outside_group(pgid, sig);
+            return;
+        };
+        if sig == libc::SIGKILL {
+            let _ = cg.kill_all();
+        } else {
+            for pid in cg.members() {
+                if crate::kill::pgrp_of(pid) != Some(pgid) {
+                    // SAFETY: kill(2) has no memory-safety preconditions.
+                    unsafe { libc::kill(pid, sig) };
                 }
             }
         }
@@ -223,13 +220,11 @@ impl CallContainment {
         let Some(cg) = &self.cgroup else {
             // Session containment: members that left the group (`set -m`, `setpgid`) are
             // leftovers too, terminated and counted once.
-            let mut escaped = 0;
-            for pid in session_members(pgid).1 {
-                if signal_session_member(pid, pgid, libc::SIGTERM) && self.counted.insert(pid) {
-                    escaped += 1;
-                }
-            }
-            return escaped;
+            let reached = signal_outside_group(pgid, libc::SIGTERM);
+            return reached
+                .into_iter()
+                .filter(|&pid| self.counted.insert(pid))
+                .count();
         };
         let mut escaped = 0;
         for pid in cg.members() {

@@ -75,9 +75,7 @@ impl Duties {
                 // SAFETY: kill(2) has no memory-safety preconditions.
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
                 // The session's members that left the group (`set -m`, `setpgid`).
-                for pid in crate::kill::session_members(pgid).1 {
-                    crate::kill::signal_session_member(pid, pgid, libc::SIGKILL);
-                }
+                crate::kill::signal_outside_group(pgid, libc::SIGKILL);
             }
         }
         let deadline = Instant::now() + EMPTY_WAIT;

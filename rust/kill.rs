@@ -9,7 +9,7 @@ use std::io;
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
-use nix::unistd::{getpgid, Pid};
+use nix::unistd::{getsid, Pid};
 
 /// Sends `sig` (0: only check) to every process of the group; a vanished group is not an
 /// error (Ok(false)).
@@ -27,11 +27,6 @@ pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> io::Result<bool> {
         Err(Errno::ESRCH) => Ok(false),
         Err(err) => Err(err.into()),
     }
-}
-
-/// Whether any process is still in the group (zombies awaiting their reaper count too).
-pub fn group_alive(pgid: libc::pid_t) -> bool {
-    matches!(signal_group(pgid, 0), Ok(true))
 }
 
 /// `PF_EXITING` in the flags field of /proc/<pid>/stat (include/linux/sched.h).
@@ -55,43 +50,16 @@ impl Members {
     }
 }
 
-/// Counts the members of a group by scanning /proc. Zombies are not counted, they are
-/// already dead and only wait for their parent.
+/// The members of a session that are not yet zombies, by scanning /proc: how many, and the
+/// pids of the live ones outside the leader's group (`set -m` jobs, `setpgid(0, 0)`), which
+/// a signal to the group misses. Zombies are not counted: they are already dead and only
+/// wait for their parent. A session keeps its id while its leader is unreaped, so `sid`
+/// names the call's session as long as the caller holds the leader.
 ///
 /// Session-mode calls pay this at every exit (their leader is kept unreaped, so `kill(-pgid,
-/// 0)` cannot tell), hence the filter: one `getpgid(2)` per process, a cheap syscall, and the
-/// /proc stat text (state and flags) only for the group's own members. Reading every stat
+/// 0)` cannot tell), hence the filter: one `getsid(2)` per process, a cheap syscall, and the
+/// /proc stat text (state and flags) only for the session's own members. Reading every stat
 /// file instead cost ~1.5 ms per call on a quiet machine with ~150 processes.
-pub fn group_members(pgid: libc::pid_t) -> Members {
-    let mut members = Members::default();
-    if only_a_dead_leader(pgid) {
-        return members;
-    }
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return members;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else {
-            continue;
-        };
-        if getpgid(Some(Pid::from_raw(pid))).map(Pid::as_raw) != Ok(pgid) {
-            continue; // another group's, or gone since the directory was read
-        }
-        match stat_of(pid) {
-            Some(s) if s.pgrp != pgid || s.dead() => {}
-            Some(s) if s.flags & PF_EXITING != 0 => members.exiting += 1,
-            Some(_) => members.live += 1,
-            None => {}
-        }
-    }
-    members
-}
-
-/// The live members of a session: how many, and the pids of those outside the leader's
-/// group (`set -m` jobs, `setpgid(0, 0)`), which a signal to the group misses. A session
-/// keeps its id while its leader is unreaped, so `sid` names the call's session as long as
-/// the caller holds the leader. Same filter as `group_members`: one `getsid(2)` per process.
 pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
     let mut members = Members::default();
     let mut outside = Vec::new();
@@ -106,8 +74,7 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
         let Some(pid) = name.to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else {
             continue;
         };
-        // SAFETY: getsid(2) has no memory-safety preconditions.
-        if unsafe { libc::getsid(pid) } != sid {
+        if getsid(Some(Pid::from_raw(pid))).map(Pid::as_raw) != Ok(sid) {
             continue; // another session's, or gone since the directory was read
         }
         match stat_of(pid) {
@@ -125,10 +92,18 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
     (members, outside)
 }
 
+/// Sends `sig` to the live members of session `sid` outside its leader's group (the group
+/// itself takes `signal_group`); the pids it reached.
+pub fn signal_outside_group(sid: libc::pid_t, sig: libc::c_int) -> Vec<libc::pid_t> {
+    let mut reached = session_members(sid).1;
+    reached.retain(|&pid| signal_session_member(pid, sid, sig));
+    reached
+}
+
 /// Sends `sig` to `pid` only if it is still a live member of session `sid`: through a pidfd
 /// taken before the check, so a pid that was freed and handed to another process in the
 /// meantime is never signalled. False when it was not signalled.
-pub fn signal_session_member(pid: libc::pid_t, sid: libc::pid_t, sig: libc::c_int) -> bool {
+fn signal_session_member(pid: libc::pid_t, sid: libc::pid_t, sig: libc::c_int) -> bool {
     // SAFETY: pidfd_open with integer arguments; the fd is closed below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
@@ -161,7 +136,7 @@ pub fn signal_session_member(pid: libc::pid_t, sid: libc::pid_t, sig: libc::c_in
     sent
 }
 
-/// The fast path of `group_members`, two small reads: the group's leader is a zombie and no
+/// The fast path of `session_members`, two small reads: the group's leader is a zombie and no
 /// process (nor thread) was created in this pid namespace after it, so the group holds
 /// nothing else. Sound because the kernel cannot hand the leader's pid out again while the
 /// zombie holds it, so the last allocated pid equals it only when nothing came after; and
@@ -288,8 +263,8 @@ mod tests {
     fn never_signals_the_callers_group_or_init() {
         for pgid in [0, 1, -5] {
             assert!(signal_group(pgid, libc::SIGKILL).is_err());
+            assert!(signal_group(pgid, 0).is_err());
         }
-        assert!(!group_alive(0));
     }
 
     /// Forks a session leader that runs `body` and exits; returns once it is a zombie.
@@ -323,7 +298,7 @@ mod tests {
         for _ in 0..50 {
             let pid = dead_leader(|| {});
             fast = only_a_dead_leader(pid);
-            assert!(group_members(pid).gone());
+            assert!(session_members(pid).0.gone());
             reap(pid);
             if fast {
                 break;
@@ -345,15 +320,20 @@ mod tests {
             !only_a_dead_leader(pid),
             "a process was created after the leader"
         );
-        assert_eq!(group_members(pid).live, 1);
+        assert_eq!(session_members(pid).0.live, 1);
         assert!(signal_group(pid, libc::SIGKILL).is_ok());
         reap(pid);
     }
 
     #[test]
-    fn own_group_is_alive_and_counted() {
-        let pgid = nix::unistd::getpgrp().as_raw();
-        assert!(group_alive(pgid));
-        assert!(group_members(pgid).live >= 1);
+    fn own_session_is_counted() {
+        assert_eq!(
+            signal_group(nix::unistd::getpgrp().as_raw(), 0).ok(),
+            Some(true)
+        );
+        let sid = getsid(None).map_or(0, Pid::as_raw);
+        if sid > 1 {
+            assert!(session_members(sid).0.live >= 1);
+        }
     }
 }

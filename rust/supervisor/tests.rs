@@ -1,7 +1,7 @@
 //! The supervisor's own tests: a real child per test, its output, stdin, exit and kill.
 
 use super::*;
-use crate::kill::group_members;
+use crate::kill::session_members;
 use std::ffi::CString;
 use std::time::Duration;
 
@@ -116,7 +116,7 @@ fn leftover_holding_pipes_is_killed_after_grace() {
     let o = p.outcome().unwrap();
     assert_eq!(o.exit_code, Some(0));
     assert_eq!(o.leftover_killed, 1);
-    assert!(group_members(p.pgid()).gone());
+    assert!(session_members(p.pgid()).0.gone());
     svc.dispose(false);
 }
 
