@@ -276,13 +276,21 @@ def test_a_channel_that_cannot_open_leaves_the_actor_calls_and_tries_again_later
         transport.close()
 
 
-def test_a_broken_channel_sends_the_next_message_through_the_actor(node: Any) -> None:
-    _node, server, address, _loop = node
+def _on_channel(
+    server: ChannelServer, address: tuple[str, int]
+) -> tuple[ChannelTransport, RecordingTransport]:
+    """A transport whose messages travel on its (open) channel, and its recorded fallback."""
     fallback = RecordingTransport()
     transport = ChannelTransport(lambda: _client(server, address), fallback, retry_after_s=60)
+    transport.submit("ping", 0).result(10)  # through the fallback, while the channel opens
+    _wait_for(lambda: transport.channel_open)
+    return transport, fallback
+
+
+def test_a_broken_channel_sends_the_next_message_through_the_actor(node: Any) -> None:
+    _node, server, address, _loop = node
+    transport, _fallback = _on_channel(server, address)
     try:
-        transport.submit("ping", 0).result(10)
-        _wait_for(lambda: transport.channel_open)
         client = transport._client
         assert client is not None
         client.close()
@@ -291,9 +299,10 @@ def test_a_broken_channel_sends_the_next_message_through_the_actor(node: Any) ->
         transport.close()
 
 
-def _freeze(loop: LoopThread, seconds: float) -> threading.Event:
-    """Blocks the node's event loop for ``seconds`` (a node that stops answering, its
-    connection still open: a path lost without a reset looks the same to the client)."""
+def _freeze(loop: LoopThread, seconds: float) -> None:
+    """Blocks the node's event loop for ``seconds``, from when this returns (a node that
+    stops answering, its connection still open: a path lost without a reset looks the same
+    to the client)."""
     frozen = threading.Event()
 
     def block() -> None:
@@ -302,7 +311,6 @@ def _freeze(loop: LoopThread, seconds: float) -> threading.Event:
 
     loop.loop.call_soon_threadsafe(block)
     frozen.wait(5)
-    return frozen
 
 
 def test_a_stalled_channel_is_given_up_and_its_calls_asked_again(
@@ -315,11 +323,8 @@ def test_a_stalled_channel_is_given_up_and_its_calls_asked_again(
 
     monkeypatch.setattr(channel, "STALL_S", 0.5)
     _node, server, address, loop = node
-    fallback = RecordingTransport()
-    transport = ChannelTransport(lambda: _client(server, address), fallback, retry_after_s=60)
+    transport, _fallback = _on_channel(server, address)
     try:
-        transport.submit("ping", 0).result(10)
-        _wait_for(lambda: transport.channel_open)
         _freeze(loop, 2.0)
         waiting = transport.submit("ping", 1)  # on the channel: no answer comes
         time.sleep(0.7)

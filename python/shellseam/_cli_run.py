@@ -180,7 +180,6 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
     The background handle has no timeout and no abort signal of its own: both are applied
     here (the first cause wins, as in a foreground run).
     """
-    loop = asyncio.get_running_loop()
     started = time.monotonic()
     proc = executor.start(spec)
     _raise_spawn_failure(proc)
@@ -196,9 +195,8 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
             proc.kill()
 
     remove = spec.signal.add_listener(lambda: stop("abort")) if spec.signal else None
-    deadline = loop.time() + spec.timeout_ms / 1000
-    # The copy below blocks while the CLI's own stdout is full (a reader that does not
-    # read): the timeout must not wait for it.
+    # The timeout fires on a thread of its own: the copy below blocks while the CLI's own
+    # stdout is full (a reader that does not read), and must not hold it up.
     timer = threading.Timer(spec.timeout_ms / 1000, stop, ("timeout",))
     timer.daemon = True
     timer.start()
@@ -212,8 +210,6 @@ async def _stream(executor: ShellExecutor, spec: ShellExecSpec) -> ShellRunResul
                 break
             # Idle: wait for the end or the next poll; busy: read again right away.
             await asyncio.wait({waiter}, timeout=0 if copied else STREAM_POLL_S)
-            if loop.time() >= deadline:
-                stop("timeout")
     finally:
         timer.cancel()
         if remove is not None:

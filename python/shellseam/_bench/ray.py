@@ -191,57 +191,27 @@ def run(
                     note=f"round trip {rtt:.2f} ms, local {here:.2f} ms",
                 )
             )
-            rows.append(
-                ratio_row(
-                    name,
-                    "protocol message on the channel vs empty actor call (diagnostic)",
-                    on_channel,
-                    rtt,
-                    "ms",
-                    None,
-                )
-            )
-            rows.append(
-                ratio_row(
-                    name,
-                    "run_sync through actor calls only vs the same (diagnostic)",
+            # (what, ours, peer, note) of each diagnostic.
+            diagnostics = (
+                ("protocol message on the channel vs empty actor call", on_channel, rtt, ""),
+                (
+                    "run_sync through actor calls only vs the same",
                     through_actor,
                     rtt + here,
-                    "ms",
-                    None,
-                    note="the path without the channel",
-                )
-            )
-            rows.append(
-                ratio_row(
-                    name,
-                    "one-argument round trip vs empty (diagnostic)",
+                    "the path without the channel",
+                ),
+                (
+                    "one-argument round trip vs empty",
                     one_arg,
                     rtt,
-                    "ms",
-                    None,
-                    note="the floor of any message to an async actor",
-                )
+                    "the floor of any message to an async actor",
+                ),
+                ("protocol message as an actor call vs empty", message, rtt, ""),
+                ("run_sync vs one-argument round trip + local run_sync", ours, one_arg + here, ""),
             )
-            rows.append(
-                ratio_row(
-                    name,
-                    "protocol message as an actor call vs empty (diagnostic)",
-                    message,
-                    rtt,
-                    "ms",
-                    None,
-                )
-            )
-            rows.append(
-                ratio_row(
-                    name,
-                    "run_sync vs one-argument round trip + local run_sync (diagnostic)",
-                    ours,
-                    one_arg + here,
-                    "ms",
-                    None,
-                )
+            rows.extend(
+                ratio_row(name, f"{what} (diagnostic)", value, peer, "ms", None, note=note)
+                for what, value, peer, note in diagnostics
             )
 
             say("ray: 64 in flight ...")

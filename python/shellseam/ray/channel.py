@@ -140,7 +140,7 @@ class ChannelServer:
             key = await self._accept(reader, writer)
             if key is not None:
                 await self._frames(reader, writer, key)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+        except (asyncio.IncompleteReadError, OSError):  # timeouts and resets among them
             pass
         finally:
             writer.close()
@@ -306,6 +306,11 @@ class ChannelClient:
                 continue
             view = view[sent:]
 
+    @property
+    def usable(self) -> bool:
+        """Open, and this process's own (a forked child's copy shares the parent's socket)."""
+        return self.alive and self.pid == os.getpid()
+
     def stalled(self, now: float | None = None) -> bool:
         """A message has waited ``STALL_S`` for its reply and nothing came in meanwhile."""
         now = time.monotonic() if now is None else now
@@ -355,7 +360,7 @@ class ChannelClient:
                         out.set_exception(NodeLost(f"undecodable reply: {err}"))
                 else:
                     out.set_exception(NodeLost(body[1:].decode("utf-8", "replace")))
-        except (OSError, ConnectionError):
+        except OSError:  # ConnectionError among them
             pass
         finally:
             with self._lock:
@@ -395,7 +400,7 @@ class ChannelTransport(Transport):
     def channel_open(self) -> bool:
         """Whether messages travel on the channel now."""
         client = self._client
-        return client is not None and client.alive and client.pid == os.getpid()
+        return client is not None and client.usable
 
     def submit(self, method: str, message: object) -> concurrent.futures.Future[Any]:
         client = self._usable()
@@ -416,7 +421,7 @@ class ChannelTransport(Transport):
 
     def _usable(self) -> ChannelClient | None:
         client = self._client
-        if client is not None and client.alive and client.pid == os.getpid():
+        if client is not None and client.usable:
             if not client.stalled():
                 return client
             # Silent for too long with a reply due: its calls are asked again through Ray.

@@ -82,7 +82,7 @@ class NodeService:
         )
         self._wire = WireDecoder()
         self._channel = ChannelServer(self.call, self._keeper_alive)
-        self._keeper: tuple[int, int] | None = None  # (pid, pidfd)
+        self._keeper: tuple[int, int, select.poll] | None = None  # pid, its pidfd, a poll on it
 
     async def call(self, payload: bytes) -> bytes:
         """One message as ``WireEncoder`` bytes in, the pickled reply out: Ray carries bytes
@@ -108,10 +108,10 @@ class NodeService:
                 return False
             if self._keeper is not None:
                 os.close(self._keeper[1])
-            self._keeper = (pid, fd)
-        poller = select.poll()
-        poller.register(self._keeper[1], select.POLLIN)
-        return not poller.poll(0)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            self._keeper = (pid, fd, poller)
+        return not self._keeper[2].poll(0)
 
     async def channel(self, msg: object = None) -> tuple[str, int, bytes]:
         """The endpoint and token of this service's direct channel (``channel.py``), listening
