@@ -192,15 +192,15 @@ def _kernel_filesystem_under(real: str) -> tuple[str, str] | None:
             mounts = f.read().splitlines()
     except OSError:
         return None
-    best, on = "", None
+    on: tuple[str, str] | None = None  # the mount ``real`` lies on, the longest seen so far
     for line in mounts:
         fields = line.split()
         if len(fields) < 3:
             continue
         point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
         fstype = fields[2]
-        if _inside(real, point) and len(point) >= len(best):
-            best, on = point, (point, fstype)  # the filesystem ``real`` lies on (so far)
+        if _inside(real, point) and (on is None or len(point) >= len(on[0])):
+            on = (point, fstype)
         elif fstype in _KERNEL_FILESYSTEMS and _inside(point, real):
             return point, fstype
     if on is not None and on[1] in _KERNEL_FILESYSTEMS:
