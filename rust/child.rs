@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::clone::{child_join_cgroups, child_set_rlimits, ChildContain};
 use crate::confine::{CapData, CapHeader, Confinement, LOCKED_SECUREBITS};
 use crate::errors::SpawnStage;
-use crate::spawn::SCRIPT_FD;
+use crate::spawn::{InheritedFilter, SCRIPT_FD};
 
 /// Raw data the child reads. Built in the parent; every pointer stays valid until clone
 /// returns, which under CLONE_VFORK is after the child has exec'd or exited.
@@ -55,13 +55,13 @@ pub(crate) struct ChildConfinement {
 
 impl ChildConfinement {
     /// `bounding_set_cleared`: the spawning thread already dropped the bounding set and
-    /// locked the securebits (see `spawner.rs`), so the child inherits them;
-    /// `filter_inherited`: it carries the filter's base layer, so the child adds only the
-    /// `clone3` layer.
+    /// locked the securebits (see `spawner.rs`), so the child inherits them; `inherited`:
+    /// what it carries of the filter, which decides what the child installs (the whole
+    /// filter, the `clone3` layer, or nothing).
     pub(crate) fn from_plan(
         confinement: Option<&Confinement>,
         bounding_set_cleared: bool,
-        filter_inherited: bool,
+        inherited: InheritedFilter,
     ) -> Self {
         let mut c = Self {
             active: false,
@@ -84,8 +84,8 @@ impl ChildConfinement {
             c.privileged = conf.caps.can_setpcap && !bounding_set_cleared;
             c.last_cap = conf.caps.last_cap;
             c.landlock_fd = conf.landlock_fd();
-            c.filter = conf.filter_prog(filter_inherited);
-            c.no_new_privs_inherited = filter_inherited;
+            c.filter = conf.filter_prog(inherited);
+            c.no_new_privs_inherited = inherited != InheritedFilter::None;
         }
         c
     }
@@ -300,15 +300,18 @@ unsafe fn confine_child(c: &ChildConfinement) -> Option<(SpawnStage, i32)> {
         c.landlock_fd,
         0u32
     ));
-    // Last: every setup syscall above runs unfiltered, or under the base layer inherited
-    // from a confined spawner thread, which allows each of them (capset, prctl,
+    // Last: every setup syscall above runs unfiltered, or under the filter inherited from
+    // a confined spawner thread, which allows each of them (capset, prctl,
     // landlock_restrict_self, seccomp, prlimit64 on pid 0, the cgroup writes, dup3, chdir,
-    // close_range, rt_sigaction: none is singled out there).
-    step!(libc::syscall(
-        libc::SYS_seccomp,
-        1u32, // SECCOMP_SET_MODE_FILTER
-        0u32,
-        &c.filter as *const libc::sock_fprog
-    ));
+    // close_range, rt_sigaction: none is singled out there). An empty program: the
+    // inherited filter is already the whole one.
+    if c.filter.len > 0 {
+        step!(libc::syscall(
+            libc::SYS_seccomp,
+            1u32, // SECCOMP_SET_MODE_FILTER
+            0u32,
+            &c.filter as *const libc::sock_fprog
+        ));
+    }
     None
 }

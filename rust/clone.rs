@@ -14,6 +14,8 @@
 use std::ffi::c_void;
 use std::os::fd::RawFd;
 
+use crate::seccomp::Clone3Key;
+
 /// Most rlimits one spawn sets (`RLIMIT_AS`, `RLIMIT_CPU`, `RLIMIT_FSIZE`, `RLIMIT_NOFILE`).
 pub const MAX_RLIMITS: usize = 4;
 /// Most cgroup directories a child joins itself (v2 fallback + v1 memory + v1 pids).
@@ -163,7 +165,8 @@ const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
 /// `clone3` into `cgroup_fd` with vfork semantics; the child runs `entry(arg)` on the stack
 /// whose (16-byte aligned) top is `top`, exactly as with `libc::clone`; `clear_sighand`: the
-/// kernel resets the child's handled signals to SIG_DFL (`CLONE_CLEAR_SIGHAND`). Returns the
+/// kernel resets the child's handled signals to SIG_DFL (`CLONE_CLEAR_SIGHAND`); `key`: the
+/// spawning thread's filter allows `clone3` only with it (see `seccomp.rs`). Returns the
 /// pid (storing the pidfd) or `-errno`.
 ///
 /// # Safety
@@ -177,6 +180,7 @@ pub unsafe fn clone3_into(
     arg: *mut c_void,
     pidfd: &mut libc::c_int,
     clear_sighand: bool,
+    key: Option<Clone3Key>,
 ) -> libc::c_long {
     // The kernel starts the child at `stack + stack_size`; only that sum matters.
     const SPAN: u64 = 16;
@@ -196,16 +200,23 @@ pub unsafe fn clone3_into(
         cgroup: cgroup_fd as u64,
         ..CloneArgs::default()
     };
+    // The key of a confined spawner's filter (see `seccomp.rs`) rides in the argument
+    // registers clone3 ignores; zeros elsewhere.
+    let [k0, k1, k2, k3] = key.map_or([0; 4], |k| k.0);
     let ret: libc::c_long;
     // SAFETY: the parent returns from `syscall` normally. The child starts on the new,
-    // aligned stack with a copy of our registers: it calls `entry(arg)` (kept in the
-    // callee-saved r12/r13, which the kernel preserves) and exits with its return value;
-    // it never returns into this frame.
+    // aligned stack with a copy of our registers: it clears the four that held the key,
+    // calls `entry(arg)` (kept in the callee-saved r12/r13, which the kernel preserves) and
+    // exits with its return value; it never returns into this frame.
     unsafe {
         std::arch::asm!(
             "syscall",
             "test rax, rax",
             "jnz 2f",
+            "xor edx, edx",
+            "xor r10d, r10d",
+            "xor r8d, r8d",
+            "xor r9d, r9d",
             "xor ebp, ebp",
             "mov rdi, r12",
             "call r13",
@@ -217,6 +228,10 @@ pub unsafe fn clone3_into(
             inlateout("rax") libc::SYS_clone3 => ret,
             in("rdi") &mut args as *mut CloneArgs,
             in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("rdx") k0,
+            in("r10") k1,
+            in("r8") k2,
+            in("r9") k3,
             in("r12") arg,
             in("r13") entry,
             lateout("rcx") _,
@@ -235,6 +250,7 @@ pub unsafe fn clone3_into(
     _arg: *mut c_void,
     _pidfd: &mut libc::c_int,
     _clear_sighand: bool,
+    _key: Option<Clone3Key>,
 ) -> libc::c_long {
     -(libc::ENOSYS as libc::c_long)
 }

@@ -7,12 +7,14 @@
 //! set with them), set `no_new_privs`, enforce the Landlock ruleset, install the seccomp
 //! filter (last, so that none of the setup syscalls is filtered), then `execve`. A child of
 //! a confined spawner thread (`spawner.rs`) inherits the thread's empty bounding set,
-//! locked securebits and the filter's base layer, and installs only the `clone3` layer.
+//! locked securebits and filter (the whole filter with `clone3` keyed, see `seccomp.rs`),
+//! and installs none of its own (only the `clone3` layer, where the thread has no key).
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use crate::landlock::{self, BuildError, Enforcement, LandlockRuleset};
 use crate::seccomp::{self, FilterPolicy};
+use crate::spawn::InheritedFilter;
 
 /// Securebits a confined child locks: root gains nothing from exec (`NOROOT`), uid changes
 /// never touch capabilities, ambient capabilities cannot be raised, keep-caps stays off.
@@ -138,13 +140,14 @@ impl Confinement {
     }
 
     /// The filter the child installs as the `sock_fprog` seccomp(2) takes, valid while
-    /// `self` lives: the whole filter, or only the `clone3` layer when the spawning thread
-    /// carries the base layer (`base_inherited`).
-    pub fn filter_prog(&self, base_inherited: bool) -> libc::sock_fprog {
-        seccomp::prog(if base_inherited {
-            &self.clone3_layer
-        } else {
-            &self.filter
+    /// `self` lives: the whole filter, only the `clone3` layer when the spawning thread
+    /// carries the base layer, nothing (an empty program) when it carries the keyed filter,
+    /// which is the whole filter for every process but the key's holder.
+    pub fn filter_prog(&self, inherited: InheritedFilter) -> libc::sock_fprog {
+        seccomp::prog(match inherited {
+            InheritedFilter::None => &self.filter,
+            InheritedFilter::Base => &self.clone3_layer,
+            InheritedFilter::Keyed(_) => &[],
         })
     }
 }

@@ -32,12 +32,27 @@
 //!   `connect`, reaches any pathname unix socket it can see, `/dev/log` included; a connected
 //!   stream socket refuses both with `EISCONN`).
 //!
-//! The filter comes in two layers whose stack decides exactly as the whole filter does: the
-//! base (everything but `clone3`) and a four-instruction `clone3` layer. A confined spawner
-//! thread (see `spawner.rs`) installs the base on itself once, so that its children inherit
-//! it, and each child installs only the `clone3` layer: the kernel copies, checks and
-//! JIT-compiles a new filter at every install, ~125 us for the whole filter here against
-//! ~35 us for the layer. (The thread must keep `clone3`: it clones into the call's cgroup.)
+//! A confined spawner thread (see `spawner.rs`) installs the filter on itself once, so that
+//! its children inherit it instead of installing their own: the kernel copies, checks and
+//! JIT-compiles a filter at every install (~125 us for the whole filter here), and frees its
+//! image on a kworker when the last process holding it exits. The thread needs `clone3`
+//! itself, to clone each child straight into its call's cgroup, so its filter
+//! (`build_keyed`) allows `clone3` only when the four argument registers `clone3` ignores
+//! carry a 256-bit key drawn for that thread (`Clone3Key`), which the thread passes and
+//! nothing else knows:
+//! - the key lives in the harness's memory and in the filter, which a process can read only
+//!   with `CAP_SYS_ADMIN` (`PTRACE_SECCOMP_GET_FILTER`); every confined command has dropped
+//!   every capability;
+//! - a confined command has a Landlock domain the harness lacks, so Landlock refuses it any
+//!   ptrace access to the harness (`/proc/<harness>/mem`, `.../syscall`, where the registers
+//!   of a spawn under way show), whatever the harness's dumpability; a protected harness is
+//!   not dumpable either;
+//! - the child starts with the parent's registers: it clears the four before it runs
+//!   anything, and `execve` clears every register again.
+//!
+//! A guess is right once in 2^256. Without a key (no `getrandom`), the thread carries the
+//! base (`build_base`: `clone3` left out) and each child stacks the four-instruction
+//! `clone3` layer on it (~35 us per spawn here, with the kworker's share at its exit).
 //!
 //! A syscall made through another architecture's ABI (x32, or i386 `int 0x80` on x86_64)
 //! would be numbered differently: the filter kills such a process instead of guessing. A
@@ -239,14 +254,86 @@ fn metadata_writes() -> Vec<i64> {
     nrs
 }
 
+/// The secret a confined spawner thread passes to `clone3` in the argument registers the
+/// syscall ignores (`rdx`, `r10`, `r8`, `r9` on x86_64), which its filter demands (see the
+/// module documentation). Never printed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Clone3Key(pub [u64; 4]);
+
+impl std::fmt::Debug for Clone3Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clone3Key(..)")
+    }
+}
+
+impl Clone3Key {
+    /// 256 random bits from the kernel; None if it gives none.
+    pub fn generate() -> Option<Self> {
+        let mut words = [0u64; 4];
+        let bytes = std::mem::size_of_val(&words);
+        let mut filled = 0;
+        while filled < bytes {
+            // SAFETY: getrandom writes at most `bytes - filled` bytes into `words`, from
+            // offset `filled`, all within the array.
+            let got = unsafe {
+                libc::getrandom(
+                    (words.as_mut_ptr() as *mut u8).add(filled) as *mut libc::c_void,
+                    bytes - filled,
+                    0,
+                )
+            };
+            if got < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return None;
+            }
+            filled += got as usize;
+        }
+        Some(Self(words))
+    }
+}
+
+/// What the filter does with `clone3`.
+#[derive(Clone, Copy)]
+enum Clone3Rule {
+    /// `ENOSYS`: libc falls back to `clone`, whose flags the filter reads.
+    Refused,
+    /// Not singled out (the base layer: the `clone3` layer decides).
+    Left,
+    /// Allowed only with the key in its four unused argument registers, else `ENOSYS`.
+    Keyed(Clone3Key),
+}
+
+/// `clone3` allowed only when arguments 2 to 5 hold `key` (both halves of each compared),
+/// else `ENOSYS`.
+fn keyed_clone3(key: Clone3Key) -> Vec<libc::sock_filter> {
+    const WORDS: u8 = 8;
+    let mut block = Vec::with_capacity(2 * WORDS as usize + 2);
+    for (i, word) in key.0.iter().enumerate() {
+        for (half, value) in [(0, *word as u32), (4, (*word >> 32) as u32)] {
+            let compared = (block.len() / 2) as u8;
+            block.push(stmt(BPF_LD_W_ABS, off_arg_low(2 + i as u32) + half));
+            // On a mismatch, past the remaining pairs and the ALLOW to the ENOSYS.
+            block.push(jump(BPF_JEQ_K, value, 0, 2 * (WORDS - compared - 1) + 1));
+        }
+    }
+    block.push(stmt(BPF_RET_K, RET_ALLOW));
+    block.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
+    block
+}
+
 /// What the filter does with one syscall number it singles out (every other number under
 /// `FIRST_UNKNOWN_SYSCALL` is allowed). Each action is a block of instructions that ends in
 /// a return; register A holds the syscall number when it starts.
-fn action(nr: i64, policy: FilterPolicy) -> Vec<libc::sock_filter> {
+fn action(nr: i64, policy: FilterPolicy, clone3: Clone3Rule) -> Vec<libc::sock_filter> {
     if nr == libc::SYS_clone3 {
-        // clone3 passes its flags in memory a filter cannot read: make libc fall back to
-        // clone, whose flags are an argument.
-        return vec![stmt(BPF_RET_K, errno(libc::ENOSYS))];
+        return match clone3 {
+            Clone3Rule::Keyed(key) => keyed_clone3(key),
+            // clone3 passes its flags in memory a filter cannot read: make libc fall back
+            // to clone, whose flags are an argument.
+            Clone3Rule::Refused | Clone3Rule::Left => vec![stmt(BPF_RET_K, errno(libc::ENOSYS))],
+        };
     }
     if nr == libc::SYS_clone {
         // clone(flags, ...): refuse the flags above.
@@ -296,9 +383,9 @@ fn action(nr: i64, policy: FilterPolicy) -> Vec<libc::sock_filter> {
     vec![stmt(BPF_RET_K, errno(libc::EPERM))]
 }
 
-/// The syscall numbers `policy` singles out, sorted, each with its action (`clone3` only
-/// when `with_clone3`: the base layer leaves it to the `clone3` layer).
-fn singled_out(policy: FilterPolicy, with_clone3: bool) -> Vec<(u32, Vec<libc::sock_filter>)> {
+/// The syscall numbers `policy` singles out, sorted, each with its action (`clone3` unless
+/// `Clone3Rule::Left`: the base layer leaves it to the `clone3` layer).
+fn singled_out(policy: FilterPolicy, clone3: Clone3Rule) -> Vec<(u32, Vec<libc::sock_filter>)> {
     let mut nrs = always_denied();
     if policy.read_only {
         nrs.extend(metadata_writes());
@@ -307,7 +394,7 @@ fn singled_out(policy: FilterPolicy, with_clone3: bool) -> Vec<(u32, Vec<libc::s
         nrs.extend([libc::SYS_socket, libc::SYS_socketpair]);
     }
     nrs.extend(ipc());
-    if with_clone3 {
+    if !matches!(clone3, Clone3Rule::Left) {
         nrs.push(libc::SYS_clone3);
     }
     nrs.extend(OWN_PROCESS_ONLY);
@@ -320,7 +407,7 @@ fn singled_out(policy: FilterPolicy, with_clone3: bool) -> Vec<(u32, Vec<libc::s
     nrs.sort_unstable();
     nrs.dedup();
     nrs.into_iter()
-        .map(|nr| (nr as u32, action(nr, policy)))
+        .map(|nr| (nr as u32, action(nr, policy, clone3)))
         .collect()
 }
 
@@ -354,13 +441,19 @@ fn tree(cases: &[(u32, Vec<libc::sock_filter>)]) -> Vec<libc::sock_filter> {
 
 /// The filter program for `policy`, ready for `seccomp(SECCOMP_SET_MODE_FILTER)`.
 pub fn build(policy: FilterPolicy) -> Vec<libc::sock_filter> {
-    build_with(policy, true)
+    build_with(policy, Clone3Rule::Refused)
+}
+
+/// `build(policy)`, except that `clone3` with `key` in its unused argument registers is
+/// allowed: the filter of a confined spawner thread, which its children inherit as theirs.
+pub fn build_keyed(policy: FilterPolicy, key: Clone3Key) -> Vec<libc::sock_filter> {
+    build_with(policy, Clone3Rule::Keyed(key))
 }
 
 /// The base layer: `build(policy)` except that `clone3` is allowed. Only ever installed
 /// with `clone3_layer()` stacked on it before the command runs.
 pub fn build_base(policy: FilterPolicy) -> Vec<libc::sock_filter> {
-    build_with(policy, false)
+    build_with(policy, Clone3Rule::Left)
 }
 
 /// The `clone3` layer: `clone3` answers `ENOSYS` (see `action`), everything else is left to
@@ -382,7 +475,7 @@ pub fn prog(filter: &[libc::sock_filter]) -> libc::sock_fprog {
     }
 }
 
-fn build_with(policy: FilterPolicy, with_clone3: bool) -> Vec<libc::sock_filter> {
+fn build_with(policy: FilterPolicy, clone3: Clone3Rule) -> Vec<libc::sock_filter> {
     let mut p = vec![
         stmt(BPF_LD_W_ABS, OFF_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0),
@@ -397,7 +490,7 @@ fn build_with(policy: FilterPolicy, with_clone3: bool) -> Vec<libc::sock_filter>
     }
     p.push(jump(BPF_JGE_K, FIRST_UNKNOWN_SYSCALL, 0, 1));
     p.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
-    p.extend(tree(&singled_out(policy, with_clone3)));
+    p.extend(tree(&singled_out(policy, clone3)));
     p
 }
 
@@ -412,6 +505,21 @@ mod tests {
 
     /// `run`, and the number of instructions it took.
     fn run_counted(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u32; 2]) -> (u32, usize) {
+        let all = [u64::from(args[0]), u64::from(args[1]), 0, 0, 0, 0];
+        run_all(prog, arch, nr, all)
+    }
+
+    /// `run_counted` with all six arguments, 64 bits each.
+    fn run_all(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> (u32, usize) {
+        let word = |k: u32| -> Option<u32> {
+            let i = usize::try_from(k.checked_sub(off_arg_low(0))? / 8).ok()?;
+            let arg = *args.get(i)?;
+            Some(if k % 8 == 0 {
+                arg as u32
+            } else {
+                (arg >> 32) as u32
+            })
+        };
         let mut acc = 0u32;
         let mut pc = 0usize;
         let mut steps = 0usize;
@@ -423,9 +531,7 @@ mod tests {
                     acc = match ins.k {
                         OFF_NR => nr,
                         OFF_ARCH => arch,
-                        k if k == off_arg_low(0) => args[0],
-                        k if k == off_arg_low(1) => args[1],
-                        k => panic!("unexpected load {k}"),
+                        k => word(k).unwrap_or_else(|| panic!("unexpected load {k}")),
                     };
                     pc += 1;
                 }
@@ -478,7 +584,9 @@ mod tests {
                 };
                 let (got, steps) = run_counted(&prog, AUDIT_ARCH, nr, [0, 0]);
                 assert_eq!(got, expected, "nr {nr} under {policy:?}");
-                let ordinary = !singled_out(policy, true).iter().any(|(n, _)| *n == nr);
+                let ordinary = !singled_out(policy, Clone3Rule::Refused)
+                    .iter()
+                    .any(|(n, _)| *n == nr);
                 if ordinary {
                     longest = longest.max(steps);
                 }
@@ -530,6 +638,117 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_keyed_filter_decides_as_the_whole_filter_but_for_clone3_with_the_key() {
+        let key = Clone3Key::generate().expect("getrandom");
+        assert_ne!(
+            key,
+            Clone3Key::generate().expect("getrandom"),
+            "drawn afresh"
+        );
+        assert_eq!(format!("{key:?}"), "Clone3Key(..)", "never printed");
+        let clone3 = libc::SYS_clone3 as u32;
+        let enosys = RET_ERRNO | libc::ENOSYS as u32;
+        let [a, b, c, d] = key.0;
+        for (read_only, deny_sockets) in
+            [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let policy = FilterPolicy {
+                read_only,
+                deny_sockets,
+            };
+            let (whole, keyed) = (build(policy), build_keyed(policy, key));
+            for nr in (0..FIRST_UNKNOWN_SYSCALL).chain([FIRST_UNKNOWN_SYSCALL, 0x4000_0001]) {
+                for arch in [AUDIT_ARCH, 0x4000_0003] {
+                    for args in [[0, 0, 0, 0, 0, 0], [1, 88, a, b, c, d]] {
+                        let expected = if nr == clone3 && arch == AUDIT_ARCH && args[2] == a {
+                            RET_ALLOW
+                        } else {
+                            run_all(&whole, arch, nr, args).0
+                        };
+                        assert_eq!(run_all(&keyed, arch, nr, args).0, expected, "nr {nr}");
+                    }
+                }
+            }
+            // Every word of the key counts, each half of it too.
+            assert_eq!(
+                run_all(&keyed, AUDIT_ARCH, clone3, [0, 0, a, b, c, d]).0,
+                RET_ALLOW
+            );
+            for word in 2..6 {
+                for flip in [1u64, 1 << 32, 1 << 63] {
+                    let mut args = [0, 0, a, b, c, d];
+                    args[word] ^= flip;
+                    let (got, _) = run_all(&keyed, AUDIT_ARCH, clone3, args);
+                    assert_eq!(got, enosys, "word {word} flipped by {flip:#x}");
+                }
+            }
+            // Nor is the key anywhere else: arguments 0 and 1 are the command's own.
+            let shifted = [a, b, c, d, 0, 0];
+            assert_eq!(run_all(&keyed, AUDIT_ARCH, clone3, shifted).0, enosys);
+        }
+    }
+
+    #[test]
+    fn a_real_keyed_filter_lets_only_the_key_holder_clone3() {
+        // In a forked child: the filter is installed for good.
+        let key = Clone3Key::generate().expect("getrandom");
+        let prog_vec = build_keyed(
+            FilterPolicy {
+                read_only: false,
+                deny_sockets: false,
+            },
+            key,
+        );
+        let fprog = prog(&prog_vec);
+        // SAFETY: the child makes raw syscalls only and exits with a code the parent reads.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: raw syscalls in the forked child; clone3 with a zeroed, 64-byte
+            // `clone_args` (exit signal 0) whose children exit at once.
+            unsafe {
+                let installed = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && libc::syscall(libc::SYS_seccomp, 1u32, 0u32, &fprog) == 0;
+                if !installed {
+                    libc::_exit(10);
+                }
+                let args = [0u64; 8];
+                let guess = libc::syscall(
+                    libc::SYS_clone3,
+                    args.as_ptr(),
+                    64usize,
+                    1u64,
+                    2u64,
+                    3u64,
+                    4u64,
+                );
+                if guess == 0 {
+                    libc::_exit(0);
+                }
+                let refused = guess < 0 && *libc::__errno_location() == libc::ENOSYS;
+                let [a, b, c, d] = key.0;
+                let keyed = libc::syscall(libc::SYS_clone3, args.as_ptr(), 64usize, a, b, c, d);
+                if keyed == 0 {
+                    libc::_exit(0);
+                }
+                libc::_exit(match (refused, keyed > 0) {
+                    (true, true) => 0,
+                    (false, _) => 11,
+                    (true, false) => 12,
+                });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "{status:#x}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "10: no filter, 11: a guess passed, 12: the key failed"
+        );
     }
 
     #[test]

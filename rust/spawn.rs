@@ -17,12 +17,35 @@ use crate::clone::{clone3_into, ChildContain};
 use crate::confine::Confinement;
 use crate::errors::{SpawnError, SpawnStage};
 use crate::pipes::{above_stdio, cloexec_pipe, set_nonblocking};
+use crate::seccomp::Clone3Key;
 
 /// Size of the child's stack while it runs between clone and exec (a guard page below it).
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 
 /// The fd a long command's script is read from (`bash /dev/fd/3`, see `SpawnPlan::script`).
 pub const SCRIPT_FD: RawFd = 3;
+
+/// What the spawning thread carries of a confined child's seccomp filter (see `spawner.rs`
+/// and `seccomp.rs`), which the child inherits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InheritedFilter {
+    /// Nothing: the child installs the whole filter.
+    None,
+    /// The base layer: the child stacks the `clone3` layer on it.
+    Base,
+    /// The whole filter with `clone3` keyed: the child installs nothing, and the spawn
+    /// passes the key to `clone3`.
+    Keyed(Clone3Key),
+}
+
+impl InheritedFilter {
+    fn clone3_key(self) -> Option<Clone3Key> {
+        match self {
+            Self::Keyed(key) => Some(key),
+            Self::None | Self::Base => None,
+        }
+    }
+}
 
 /// Everything one spawn needs, owned by the parent for the duration of the call.
 pub struct SpawnPlan {
@@ -45,9 +68,9 @@ pub struct SpawnPlan {
     /// The spawning thread's bounding set is already empty and its securebits locked (the
     /// confined spawner, see `spawner.rs`): the child inherits both instead of dropping.
     pub bounding_set_cleared: bool,
-    /// The spawning thread carries the base layer of the confinement's seccomp filter (the
-    /// confined spawner): the child installs only the `clone3` layer.
-    pub filter_inherited: bool,
+    /// What the spawning thread carries of the confinement's seccomp filter (the confined
+    /// spawner), for the child to inherit.
+    pub inherited_filter: InheritedFilter,
     /// The signals the harness ignores (see `ignored_signals`), read by the requesting
     /// thread before it handed the spawn to a confined spawner, whose every syscall runs
     /// through its filter; None: read by the spawning thread when it needs them.
@@ -73,7 +96,7 @@ impl SpawnPlan {
             join_cgroups: Vec::new(),
             rlimits: Vec::new(),
             bounding_set_cleared: false,
-            filter_inherited: false,
+            inherited_filter: InheritedFilter::None,
             ignored_signals: None,
         }
     }
@@ -229,7 +252,7 @@ pub fn spawn_with(
         confine: ChildConfinement::from_plan(
             plan.confinement.as_deref(),
             plan.bounding_set_cleared,
-            plan.filter_inherited,
+            plan.inherited_filter,
         ),
         contain: ChildContain::new(&plan.join_cgroups, &plan.rlimits),
     };
@@ -245,7 +268,14 @@ pub fn spawn_with(
             }
             match slot.as_ref() {
                 Some(stack) => {
-                    clone_child(plan.cgroup, plan.ignored_signals, &mut args, stack.top())
+                    let key = plan.inherited_filter.clone3_key();
+                    clone_child(
+                        plan.cgroup,
+                        plan.ignored_signals,
+                        key,
+                        &mut args,
+                        stack.top(),
+                    )
                 }
                 None => Err(SpawnError::new(SpawnStage::Clone, libc::ENOMEM)),
             }
@@ -262,6 +292,7 @@ pub fn spawn_with(
 fn clone_child(
     cgroup: Option<RawFd>,
     known_ignored: Option<u64>,
+    key: Option<Clone3Key>,
     args: &mut ChildArgs,
     top: *mut c_void,
 ) -> Result<(libc::pid_t, OwnedFd), SpawnError> {
@@ -278,7 +309,7 @@ fn clone_child(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    let (pid, clone_error) = clone_raw(cgroup, known_ignored, args, top, &mut pidfd);
+    let (pid, clone_error) = clone_raw(cgroup, known_ignored, key, args, top, &mut pidfd);
     // SAFETY: restores the mask saved above on this thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
@@ -378,6 +409,7 @@ fn ignored_by_sigaction() -> u64 {
 fn clone_raw(
     cgroup: Option<RawFd>,
     known_ignored: Option<u64>,
+    key: Option<Clone3Key>,
     args: &mut ChildArgs,
     top: *mut c_void,
     pidfd: &mut libc::c_int,
@@ -389,7 +421,7 @@ fn clone_raw(
             args.ignored = known_ignored.unwrap_or_else(ignored_signals);
             let arg = args as *mut ChildArgs as *mut c_void;
             // SAFETY: as for clone below; `args` and the stack outlive the child's exec.
-            ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, true) };
+            ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, true, key) };
             if ret == -(libc::EINVAL as libc::c_long) {
                 // A kernel before 5.5 knows no CLONE_CLEAR_SIGHAND: the child resets all.
                 CLEAR_SIGHAND.store(false, Ordering::Relaxed);
@@ -399,7 +431,7 @@ fn clone_raw(
             args.handlers_cleared = false;
             let arg = args as *mut ChildArgs as *mut c_void;
             // SAFETY: as above.
-            ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, false) };
+            ret = unsafe { clone3_into(fd, top, child_main, arg, pidfd, false, key) };
         }
         if ret >= 0 {
             return (ret as libc::pid_t, io::Error::from_raw_os_error(0));

@@ -2,17 +2,19 @@
 //! confined children, carrying on itself what those children would otherwise set up one by
 //! one and inherit from it instead.
 //!
-//! - The seccomp filter's base layer (see `seccomp.rs`): the kernel copies, checks and
-//!   JIT-compiles a filter at every install, ~125 us for the whole filter here; a child of
-//!   this thread inherits the base and installs only the four-instruction `clone3` layer
-//!   (~35 us). The thread sets `no_new_privs` first (filters need it, or CAP_SYS_ADMIN); it
-//!   never execs, so nothing else changes for it.
+//! - The seccomp filter (see `seccomp.rs`): the kernel copies, checks and JIT-compiles a
+//!   filter at every install, ~125 us for the whole filter here. The thread installs the
+//!   whole filter with `clone3` allowed only under a key drawn for it, which it passes to
+//!   its own `clone3` calls; its children inherit that filter and install none. (Without a
+//!   key, the thread carries the base layer and each child adds the four-instruction
+//!   `clone3` layer, ~35 us.) The thread sets `no_new_privs` first (filters need it, or
+//!   CAP_SYS_ADMIN); it never execs, so nothing else changes for it.
 //! - For a harness holding `CAP_SETPCAP`: an empty bounding set and locked securebits,
 //!   per-thread credentials a child inherits, where a child clearing its bounding set makes
 //!   41 `PR_CAPBSET_DROP` calls (~70 us of credential commits).
 //!
-//! The child still empties its effective, permitted, inheritable and ambient sets, enforces
-//! Landlock and installs the `clone3` layer itself. The thread never runs Python and never
+//! The child still empties its effective, permitted, inheritable and ambient sets and
+//! enforces Landlock itself. The thread never runs Python and never
 //! execs: only its children see its credentials and filter, and every syscall it makes
 //! (pipes, fcntl, mmap, clone3, futex) is one the base layer allows. Handing a spawn to it
 //! and back costs two thread wake-ups, a fraction of what it saves.
@@ -27,8 +29,10 @@ use nix::poll::{PollFd, PollFlags};
 
 use crate::confine::LOCKED_SECUREBITS;
 use crate::errors::{SpawnError, SpawnStage};
-use crate::seccomp::{self, FilterPolicy};
-use crate::spawn::{make_pipes, spawn_with, ChildEnds, ParentPipes, SpawnPlan, Spawned};
+use crate::seccomp::{self, Clone3Key, FilterPolicy};
+use crate::spawn::{
+    make_pipes, spawn_with, ChildEnds, InheritedFilter, ParentPipes, SpawnPlan, Spawned,
+};
 use crate::sys::lock;
 use crate::sys::poll_timeout;
 
@@ -99,6 +103,8 @@ pub struct ConfinedSpawner {
     shared: Arc<Shared>,
     /// The thread cleared its bounding set (the harness holds `CAP_SETPCAP`).
     bounding_set_cleared: bool,
+    /// The filter the thread carries, which its children inherit.
+    inherited: InheritedFilter,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -115,14 +121,21 @@ fn drop_for_children(last_cap: i32) -> bool {
     unsafe { libc::prctl(libc::PR_SET_SECUREBITS, LOCKED_SECUREBITS, 0, 0, 0) == 0 }
 }
 
-/// Sets `no_new_privs` on the calling thread and installs the base layer of `policy`'s
-/// filter on it; false if the kernel refused either.
-fn carry_base_filter(policy: FilterPolicy) -> bool {
-    let base = seccomp::build_base(policy);
-    let prog = seccomp::prog(&base);
+/// Sets `no_new_privs` on the calling thread and installs `policy`'s filter on it, keyed
+/// when a key could be drawn, else its base layer; what the thread's children inherit, or
+/// None if the kernel refused a step.
+fn carry_filter(policy: FilterPolicy) -> Option<InheritedFilter> {
+    let (filter, inherited) = match Clone3Key::generate() {
+        Some(key) => (
+            seccomp::build_keyed(policy, key),
+            InheritedFilter::Keyed(key),
+        ),
+        None => (seccomp::build_base(policy), InheritedFilter::Base),
+    };
+    let prog = seccomp::prog(&filter);
     // SAFETY: prctl with integer arguments; seccomp(SECCOMP_SET_MODE_FILTER, 0, prog) reads
-    // the program, which `base` keeps alive for the call (the kernel copies it).
-    unsafe {
+    // the program, which `filter` keeps alive for the call (the kernel copies it).
+    let installed = unsafe {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
             && libc::syscall(
                 libc::SYS_seccomp,
@@ -130,7 +143,8 @@ fn carry_base_filter(policy: FilterPolicy) -> bool {
                 0u32,
                 &prog as *const libc::sock_fprog,
             ) == 0
-    }
+    };
+    installed.then_some(inherited)
 }
 
 /// The thread's loop: one spawn at a time until the queue is closed and empty.
@@ -188,26 +202,31 @@ impl ConfinedSpawner {
                 }
                 // Capabilities first: the filter's no_new_privs does not stop the drops,
                 // but nothing after the filter should depend on what it allows.
-                let ok = last_cap.is_none_or(drop_for_children) && carry_base_filter(policy);
-                let _ = ready_tx.send(ok);
-                if ok {
+                let carried = if last_cap.is_none_or(drop_for_children) {
+                    carry_filter(policy)
+                } else {
+                    None
+                };
+                let _ = ready_tx.send(carried);
+                if carried.is_some() {
                     serve(&theirs);
                 }
             })
             .ok()?;
-        if ready.recv() != Ok(true) {
+        let Ok(Some(inherited)) = ready.recv() else {
             let _ = thread.join();
             return None;
-        }
+        };
         Some(Self {
             shared,
             bounding_set_cleared: last_cap.is_some(),
+            inherited,
             thread: Mutex::new(Some(thread)),
         })
     }
 
-    /// Spawns `plan` on the thread (its children inherit the base filter and, for a
-    /// privileged harness, the dropped bounding set and locked securebits) and waits.
+    /// Spawns `plan` on the thread (its children inherit its filter and, for a privileged
+    /// harness, the dropped bounding set and locked securebits) and waits.
     ///
     /// The signals the harness ignores (`SpawnPlan::ignored_signals`) are read here, on the
     /// requesting thread: on the spawner each of those ~64 syscalls would run through its
@@ -237,7 +256,7 @@ impl ConfinedSpawner {
 
     /// Hands `plan`, with the child's ends of its pipes, to the thread without waiting.
     fn submit(&self, mut plan: SpawnPlan, child_ends: ChildEnds) -> Result<Pending, SpawnError> {
-        plan.filter_inherited = true;
+        plan.inherited_filter = self.inherited;
         plan.bounding_set_cleared = self.bounding_set_cleared;
         let reply = Arc::new(Reply::default());
         {

@@ -151,6 +151,116 @@ def test_dangerous_syscalls_are_refused(
     assert r.stdout.text == f"{expected}\n", (name, r.stderr.text)
 
 
+def _cgroup2_mount() -> str | None:
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if fields[2] == "cgroup2":
+                return fields[1]
+    return None
+
+
+def clone3_into_cgroup(cgroup_dir: str, key: tuple[int, int, int, int]) -> str:
+    """A command that clones itself into `cgroup_dir` with clone3 (CLONE_INTO_CGROUP),
+    passing `key` in the four argument registers clone3 ignores; prints ok or the errno."""
+    return py(f"""
+        import ctypes, errno, os, struct
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        fd = os.open({cgroup_dir!r}, os.O_RDONLY | os.O_DIRECTORY)
+        # flags CLONE_INTO_CGROUP, exit_signal SIGCHLD, cgroup fd (clone_args, 88 bytes)
+        args = ctypes.create_string_buffer(struct.pack("11Q", 1 << 33, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd))
+        key = [ctypes.c_uint64(k) for k in {list(key)!r}]
+        r = libc.syscall(ctypes.c_long(435), args, ctypes.c_size_t(88), *key)
+        if r == 0:
+            os._exit(0)
+        if r > 0:
+            os.waitpid(r, 0)
+        print("ok" if r > 0 else errno.errorcode[ctypes.get_errno()])
+    """)
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["workspace-write", "read-only"])
+def test_clone3_out_of_the_call_cgroup_is_refused_whatever_the_registers_hold(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    # The confined spawner's own filter allows clone3 only with its 256-bit key in the
+    # registers clone3 ignores; its children inherit that filter. Attack first: unconfined,
+    # the same call leaves the call's cgroup.
+    root = _cgroup2_mount()
+    if root is None or os.uname().machine != "x86_64":
+        pytest.skip("needs cgroup2 and x86_64 syscall numbers")
+    from shellseam import LocalShellExecutor
+
+    local = LocalShellExecutor(cwd=box["ws"], service=svc)
+    assert run(local, clone3_into_cgroup(root, (0, 0, 0, 0))).stdout.text == "ok\n"
+    guesses = [(0, 0, 0, 0), (1, 2, 3, 4), (2**64 - 1,) * 4]
+    guesses += [tuple(int.from_bytes(os.urandom(8), "little") for _ in range(4))]
+    ex = sandbox(box, svc, mode)
+    for key in guesses:
+        r = run(ex, clone3_into_cgroup(root, key))  # type: ignore[arg-type]
+        assert r.stdout.text == "ENOSYS\n", (key, r.stderr.text)
+
+
+@pytest.mark.parametrize("protect", [True, False])
+def test_nothing_of_the_spawner_thread_is_readable_from_a_confined_command(
+    box: dict[str, str], svc: SubprocessService, protect: bool
+) -> None:
+    # Where the key could show: the harness's memory and the registers of a clone3 under
+    # way (/proc/<pid>/task/<tid>/syscall). Landlock refuses a confined command any ptrace
+    # access to the harness, dumpable or not; the command runs while other confined calls
+    # are being spawned.
+    ex = SandboxShellExecutor(
+        mode="workspace-write", cwd=box["ws"], service=svc, protect_harness=protect
+    )
+    probe = py(f"""
+        import glob
+        pid = {os.getpid()}
+        paths = glob.glob(f"/proc/{{pid}}/task/*/syscall") + [f"/proc/{{pid}}/mem",
+            f"/proc/{{pid}}/maps", f"/proc/{{pid}}/syscall"]
+        for _ in range(200):
+            for path in paths:
+                try:
+                    with open(path, "rb") as f:
+                        f.read(4096)
+                    print("read", path)
+                except OSError as err:
+                    pass
+        print("done")
+    """)
+    from shellseam import LocalShellExecutor
+
+    # Attack first: an unconfined command of a root harness reads all of it.
+    unconfined = run(LocalShellExecutor(cwd=box["ws"], service=svc), probe).stdout.text
+    assert f"read /proc/{os.getpid()}/syscall\n" in unconfined or os.geteuid() != 0
+    stop = threading.Event()
+
+    def spawn_meanwhile() -> None:
+        while not stop.is_set():
+            run(ex, "true")
+
+    helper = threading.Thread(target=spawn_meanwhile)
+    helper.start()
+    try:
+        r = run(ex, probe)
+    finally:
+        stop.set()
+        helper.join()
+    assert r.stdout.text == "done\n", r.stdout.text
+
+
+def test_a_confined_command_carries_one_inherited_filter(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    # The spawner's keyed filter is the whole filter: a child installs no layer of its own
+    # (each install costs a JIT compile, and a kworker's free at the child's exit).
+    with open("/proc/thread-self/status") as f:
+        mine = next(line for line in f if line.startswith("Seccomp_filters:"))
+    r = run(sandbox(box, svc), "grep Seccomp_filters: /proc/self/status")
+    assert r.stdout.text == f"Seccomp_filters:\t{int(mine.split()[1]) + 1}\n"
+
+
 def _metadata(path: str) -> tuple[object, ...]:
     """What a metadata write could change: stat, xattrs, inode flags and generation."""
     st = os.stat(path)
