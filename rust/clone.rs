@@ -204,9 +204,10 @@ pub unsafe fn clone3_into(
     // registers clone3 ignores; zeros elsewhere.
     let [k0, k1, k2, k3] = key.map_or([0; 4], |k| k.0);
     let ret: libc::c_long;
-    // SAFETY: the parent returns from `syscall` normally. The child starts on the new,
-    // aligned stack with a copy of our registers: it clears the four that held the key,
-    // calls `entry(arg)` (kept in the callee-saved r12/r13, which the kernel preserves) and
+    // SAFETY: the parent returns from `syscall` normally and clears the four registers that
+    // held the key (declared clobbered), so that its next syscalls do not carry it into a
+    // trace. The child starts on the new, aligned stack with a copy of our registers: it
+    // clears the same four, calls `entry(arg)` (kept in the callee-saved r12/r13, which the kernel preserves) and
     // exits with its return value; it never returns into this frame.
     unsafe {
         std::arch::asm!(
@@ -225,13 +226,17 @@ pub unsafe fn clone3_into(
             "syscall",
             "ud2",
             "2:",
+            "xor edx, edx",
+            "xor r10d, r10d",
+            "xor r8d, r8d",
+            "xor r9d, r9d",
             inlateout("rax") libc::SYS_clone3 => ret,
             in("rdi") &mut args as *mut CloneArgs,
             in("rsi") std::mem::size_of::<CloneArgs>(),
-            in("rdx") k0,
-            in("r10") k1,
-            in("r8") k2,
-            in("r9") k3,
+            inout("rdx") k0 => _,
+            inout("r10") k1 => _,
+            inout("r8") k2 => _,
+            inout("r9") k3 => _,
             in("r12") arg,
             in("r13") entry,
             lateout("rcx") _,

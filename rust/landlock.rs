@@ -25,6 +25,7 @@
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::{open, OFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
@@ -187,18 +188,76 @@ fn device_rules() -> [(&'static str, BitFlags<AccessFs>); 6] {
     ]
 }
 
-/// Every directory and regular file directly under `/` but `/dev`, with what reading it
-/// grants. An entry that cannot be opened, a symlink (its target is reached where it lies)
-/// or a device node grants nothing: skipping only narrows access.
+/// Where nothing may be read but what `READABLE_WITHIN` grants back: `/dev` (its few
+/// devices come from `device_rules`), `/sys/kernel`, and the kernel's tracing and
+/// debugging file systems wherever else they are mounted. `/sys/kernel` holds them
+/// (`tracing`, `debug`: a trace buffer records every process's syscalls with their
+/// arguments, the harness's included, once anybody enables an event) and root-only files
+/// (`vmcoreinfo`: the kernel's address layout; `boot_params`), all open to a root-uid
+/// command through their owner-only modes. Each unreadable path costs a rule per sibling
+/// on its way down, and every rule is copied into each confined child's domain (~0.7 us
+/// per rule here): `/sys/kernel` whole rather than two of its 26 entries.
+const UNREADABLE: [&str; 2] = ["/dev", "/sys/kernel"];
+
+/// What is read beneath an unreadable path: `/sys/kernel/mm` (transparent huge page
+/// settings, which the JVM, Go's runtime and allocators read).
+const READABLE_WITHIN: [&str; 1] = ["/sys/kernel/mm"];
+
+/// `UNREADABLE`, and every tracefs or debugfs mount point elsewhere.
+fn unreadable() -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = UNREADABLE.iter().map(PathBuf::from).collect();
+    if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
+        for line in mounts.lines() {
+            let mut fields = line.split(' ');
+            let (Some(_), Some(at), Some(kind)) = (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            if kind == "tracefs" || kind == "debugfs" {
+                // Spaces and the like are octal escapes (`\040`) in this file.
+                let at = at
+                    .replace("\\040", " ")
+                    .replace("\\011", "\t")
+                    .replace("\\134", "\\");
+                if !paths.iter().any(|p| p.as_os_str() == at.as_str()) {
+                    paths.push(PathBuf::from(at));
+                }
+            }
+        }
+    }
+    paths
+}
+
+/// Every directory and regular file under `/` that may be read, with what reading it
+/// grants: the entries of `/`, but where an `unreadable` path lies beneath an entry, that
+/// entry's own entries instead (recursively), the unreadable one left out. An entry that
+/// cannot be opened, a symlink (its target is reached where it lies) or a device node
+/// grants nothing: skipping only narrows access.
 fn top_level_rules() -> io::Result<Vec<(OwnedFd, BitFlags<AccessFs>)>> {
+    let hidden = unreadable();
     let mut rules = Vec::new();
-    for entry in std::fs::read_dir("/")? {
-        let entry = entry?;
-        if entry.file_name() == "dev" {
+    grant_beneath(Path::new("/"), &hidden, &mut rules)?;
+    for path in READABLE_WITHIN {
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        if let Ok(fd) = open(path, flags, Mode::empty()) {
+            rules.push((fd, readable_rights()));
+        }
+    }
+    Ok(rules)
+}
+
+fn grant_beneath(
+    dir: &Path,
+    hidden: &[PathBuf],
+    rules: &mut Vec<(OwnedFd, BitFlags<AccessFs>)>,
+) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if hidden.contains(&path) {
             continue;
         }
         let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let Ok(fd) = open(&entry.path(), flags, Mode::empty()) else {
+        let Ok(fd) = open(&path, flags, Mode::empty()) else {
             continue;
         };
         // The type of what was opened, not of what the name held when listed.
@@ -206,13 +265,19 @@ fn top_level_rules() -> io::Result<Vec<(OwnedFd, BitFlags<AccessFs>)>> {
             continue;
         };
         let rights = match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+            SFlag::S_IFDIR if hidden.iter().any(|h| h.starts_with(&path)) => {
+                // Something beneath is unreadable: its siblings one by one. A directory
+                // that cannot be listed grants nothing.
+                let _ = grant_beneath(&path, hidden, rules);
+                continue;
+            }
             SFlag::S_IFDIR => readable_rights(),
             SFlag::S_IFREG => AccessFs::ReadFile | AccessFs::Execute,
             _ => continue,
         };
         rules.push((fd, rights));
     }
-    Ok(rules)
+    Ok(())
 }
 
 /// Adds the read rules: listing `/` (and, beneath it, any directory), the entries of
@@ -319,18 +384,38 @@ mod tests {
             .into_iter()
             .map(|(fd, rights)| (identity(fstat(&fd).expect("fstat")), rights))
             .collect();
-        let dev = identity(nix::sys::stat::stat("/dev").expect("stat /dev"));
-        assert!(granted.iter().all(|(id, _)| *id != dev));
-        let usr = identity(nix::sys::stat::stat("/usr").expect("stat /usr"));
+        let id_of = |p: &str| nix::sys::stat::stat(p).ok().map(identity);
+        let has = |p: &str| id_of(p).is_some_and(|id| granted.iter().any(|(g, _)| *g == id));
+        let usr = id_of("/usr").expect("stat /usr");
         assert!(granted.contains(&(usr, readable_rights())));
-        // One rule per directory and regular file but /dev; none for a symlink
-        // (`/bin -> usr/bin` on merged-usr systems) or a device node.
-        let plain = std::fs::read_dir("/")
-            .expect("list /")
-            .filter_map(|e| e.ok()?.path().symlink_metadata().ok())
-            .filter(|m| m.is_dir() || m.is_file())
-            .count();
-        assert_eq!(granted.len(), plain - 1);
+        // Nothing for /dev, nor for /sys/kernel and what it holds but mm; /sys entry by
+        // entry instead of whole.
+        let unreadable = ["/dev", "/sys", "/sys/kernel", "/sys/kernel/tracing"];
+        for path in unreadable.into_iter().chain(["/sys/kernel/debug"]) {
+            assert!(!has(path), "{path}");
+        }
+        for readable in ["/etc", "/sys/fs", "/sys/kernel/mm"] {
+            assert!(has(readable) || id_of(readable).is_none(), "{readable}");
+        }
+        // One rule per directory and regular file of `/` but /dev and /sys, then of /sys
+        // but /sys/kernel, then /sys/kernel/mm; none for a symlink (`/bin -> usr/bin` on
+        // merged-usr systems) or a device node.
+        let plain = |dir: &str, but: &[&str]| {
+            std::fs::read_dir(dir)
+                .map(|entries| {
+                    entries
+                        .filter_map(|e| e.ok())
+                        .filter(|e| !but.contains(&e.path().to_string_lossy().as_ref()))
+                        .filter_map(|e| e.path().symlink_metadata().ok())
+                        .filter(|m| m.is_dir() || m.is_file())
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        let expected = plain("/", &["/dev", "/sys"])
+            + plain("/sys", &["/sys/kernel"])
+            + usize::from(id_of("/sys/kernel/mm").is_some());
+        assert_eq!(granted.len(), expected);
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //!   Landlock hook either, and a command reniced, SCHED_IDLE'd and pinned an unprivileged
 //!   harness and every sibling call for good; `nice`, `ionice`, `chrt` and `taskset` on a
 //!   command they start (pid 0) still work;
+//! - every confined mode: `perf_event_open` for every process on a CPU (pid -1) or for a
+//!   cgroup: its samples carry other processes' registers and user stacks, the harness's
+//!   included, with no ptrace check for Landlock to refuse (where `perf_event_paranoid`
+//!   allows such events at all); a command's own processes can still be measured;
 //! - every confined mode: System V IPC and POSIX message queues. The IPC namespace is the
 //!   host's: a command read, wrote and removed the harness's shared memory, semaphores and
 //!   queues, and segments it left outlived its call and its memory limit;
@@ -72,6 +76,10 @@ const BPF_JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
 const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
 const BPF_JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
 const BPF_AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
+const BPF_XOR_K: u16 = 0xa4; // BPF_ALU | BPF_XOR | BPF_K
+const BPF_OR_X: u16 = 0x4c; // BPF_ALU | BPF_OR | BPF_X
+const BPF_TAX: u16 = 0x07; // BPF_MISC | BPF_TAX
+const BPF_LDX_IMM: u16 = 0x01; // BPF_LDX | BPF_W | BPF_IMM
 const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 const RET_ALLOW: u32 = 0x7fff_0000;
@@ -185,6 +193,9 @@ fn ipc() -> Vec<i64> {
         libc::SYS_mq_getsetattr,
     ]
 }
+
+/// `perf_event_open`'s flag naming a cgroup (by fd, in `pid`) instead of a process.
+const PERF_FLAG_PID_CGROUP: u32 = 1 << 2;
 
 /// `PRIO_USER` (setpriority) and `IOPRIO_WHO_USER` (ioprio_set): every process of a uid.
 const PRIO_USER: u32 = 2;
@@ -305,19 +316,20 @@ enum Clone3Rule {
     Keyed(Clone3Key),
 }
 
-/// `clone3` allowed only when arguments 2 to 5 hold `key` (both halves of each compared),
-/// else `ENOSYS`.
+/// `clone3` allowed only when arguments 2 to 5 hold `key`, else `ENOSYS`. Every half-word
+/// is read and compared (XOR with the key's, OR-ed into X) before the one test, so that
+/// the time taken does not tell how much of a guess was right.
 fn keyed_clone3(key: Clone3Key) -> Vec<libc::sock_filter> {
-    const WORDS: u8 = 8;
-    let mut block = Vec::with_capacity(2 * WORDS as usize + 2);
+    let mut block = vec![stmt(BPF_LDX_IMM, 0)];
     for (i, word) in key.0.iter().enumerate() {
         for (half, value) in [(0, *word as u32), (4, (*word >> 32) as u32)] {
-            let compared = (block.len() / 2) as u8;
             block.push(stmt(BPF_LD_W_ABS, off_arg_low(2 + i as u32) + half));
-            // On a mismatch, past the remaining pairs and the ALLOW to the ENOSYS.
-            block.push(jump(BPF_JEQ_K, value, 0, 2 * (WORDS - compared - 1) + 1));
+            block.push(stmt(BPF_XOR_K, value));
+            block.push(stmt(BPF_OR_X, 0));
+            block.push(stmt(BPF_TAX, 0));
         }
     }
+    block.push(jump(BPF_JEQ_K, 0, 0, 1));
     block.push(stmt(BPF_RET_K, RET_ALLOW));
     block.push(stmt(BPF_RET_K, errno(libc::ENOSYS)));
     block
@@ -346,6 +358,20 @@ fn action(nr: i64, policy: FilterPolicy, clone3: Clone3Rule) -> Vec<libc::sock_f
     }
     if OWN_PROCESS_ONLY.contains(&nr) {
         return only_self(0);
+    }
+    if nr == libc::SYS_perf_event_open {
+        // perf_event_open(attr, pid, cpu, group_fd, flags): a process (pid >= 0, which
+        // the kernel checks like ptrace, and Landlock with it) but never every process on a
+        // CPU (pid -1) or a cgroup's (PERF_FLAG_PID_CGROUP): those samples carry other
+        // processes' registers and stacks, the harness's included, and no ptrace check.
+        return vec![
+            stmt(BPF_LD_W_ABS, off_arg_low(1)),
+            jump(BPF_JEQ_K, u32::MAX, 3, 0),
+            stmt(BPF_LD_W_ABS, off_arg_low(4)),
+            jump(BPF_JSET_K, PERF_FLAG_PID_CGROUP, 1, 0),
+            stmt(BPF_RET_K, RET_ALLOW),
+            stmt(BPF_RET_K, errno(libc::EPERM)),
+        ];
     }
     if nr == libc::SYS_setpriority {
         return only_self_not_user(PRIO_USER);
@@ -403,6 +429,7 @@ fn singled_out(policy: FilterPolicy, clone3: Clone3Rule) -> Vec<(u32, Vec<libc::
         libc::SYS_ioctl,
         libc::SYS_setpriority,
         libc::SYS_ioprio_set,
+        libc::SYS_perf_event_open,
     ]);
     nrs.sort_unstable();
     nrs.dedup();
@@ -521,6 +548,7 @@ mod tests {
             })
         };
         let mut acc = 0u32;
+        let mut x = 0u32;
         let mut pc = 0usize;
         let mut steps = 0usize;
         loop {
@@ -538,6 +566,22 @@ mod tests {
                 BPF_RET_K => return (ins.k, steps),
                 BPF_AND_K => {
                     acc &= ins.k;
+                    pc += 1;
+                }
+                BPF_XOR_K => {
+                    acc ^= ins.k;
+                    pc += 1;
+                }
+                BPF_OR_X => {
+                    acc |= x;
+                    pc += 1;
+                }
+                BPF_TAX => {
+                    x = acc;
+                    pc += 1;
+                }
+                BPF_LDX_IMM => {
+                    x = ins.k;
                     pc += 1;
                 }
                 code => {
@@ -837,6 +881,20 @@ mod tests {
         let clone3 = libc::SYS_clone3 as u32;
         let enosys = RET_ERRNO | libc::ENOSYS as u32;
         assert_eq!(run(&prog, AUDIT_ARCH, clone3, [0, 0]), enosys);
+        // perf_event_open(attr, pid, cpu, group_fd, flags): own processes only.
+        let perf = libc::SYS_perf_event_open as u32;
+        let perf_args = |pid: i32, flags: u64| [1, pid as u32 as u64, 0, u64::MAX, flags, 0];
+        assert_eq!(
+            run_all(&prog, AUDIT_ARCH, perf, perf_args(0, 0)).0,
+            RET_ALLOW
+        );
+        assert_eq!(
+            run_all(&prog, AUDIT_ARCH, perf, perf_args(4242, 8)).0,
+            RET_ALLOW
+        );
+        assert_eq!(run_all(&prog, AUDIT_ARCH, perf, perf_args(-1, 0)).0, EPERM);
+        assert_eq!(run_all(&prog, AUDIT_ARCH, perf, perf_args(3, 4)).0, EPERM);
+        assert_eq!(run_all(&prog, AUDIT_ARCH, perf, perf_args(3, 0xc)).0, EPERM);
         let ioctl = libc::SYS_ioctl as u32;
         for cmd in METADATA_IOCTLS {
             assert_eq!(

@@ -338,43 +338,88 @@ pub(crate) fn ignored_signals() -> u64 {
     ignored_from_status().unwrap_or_else(ignored_by_sigaction)
 }
 
-thread_local! {
-    /// This thread's held `/proc/self/status`, with the pid it was opened for: a forked
-    /// copy of the harness (another pid) opens its own. Per thread, so that concurrent
-    /// spawns never wait on each other for it.
-    static STATUS: std::cell::RefCell<Option<(libc::pid_t, std::fs::File)>> =
-        const { std::cell::RefCell::new(None) };
-}
+/// The process's held `/proc/self/status`: `(pid << 32) | fd`, 0 while none. One fd for the
+/// whole process (every thread `pread`s it at offset 0); a forked copy of the harness, with
+/// another pid, opens its own.
+static STATUS_FD: AtomicU64 = AtomicU64::new(0);
+/// The status file did not describe this process even when just opened (a `/proc` of
+/// another pid namespace): the kernel is asked signal by signal from then on.
+static STATUS_UNUSABLE: AtomicBool = AtomicBool::new(false);
 
-/// `SigIgn` from this process's status file; None when it cannot be read or parsed.
+/// `SigIgn` from this process's status file; None when it cannot be read, parsed, or is
+/// not this process's.
 fn ignored_from_status() -> Option<u64> {
-    use std::os::unix::fs::FileExt;
+    if STATUS_UNUSABLE.load(Ordering::Relaxed) {
+        return None;
+    }
     let pid = crate::sys::getpid();
-    STATUS
-        .try_with(|cell| {
-            let mut held = cell.try_borrow_mut().ok()?;
-            if held.as_ref().map(|(opened_for, _)| *opened_for) != Some(pid) {
-                // `self`, not the number: a `/proc` of another pid namespace may give our
-                // number to another process, but never resolves `self` to one.
-                let file = std::fs::File::open("/proc/self/status").ok()?;
-                *held = Some((pid, file));
-            }
-            let (_, file) = held.as_ref()?;
-            let mut buf = [0u8; 4096];
-            let n = file.read_at(&mut buf, 0).ok()?;
-            parse_sigign(buf.get(..n)?)
-        })
-        .ok()
-        .flatten()
+    let held = STATUS_FD.load(Ordering::Acquire);
+    if held != 0 && (held >> 32) as u32 == pid as u32 {
+        if let Some(ignored) = read_sigign(held as u32 as RawFd, pid) {
+            return Some(ignored);
+        }
+        // The fd no longer shows our status (closed behind our back, its number reused):
+        // not ours to close.
+        return reopen_status(pid, held, false);
+    }
+    // None yet, or inherited from the process we were forked from: ours to close.
+    reopen_status(pid, held, held != 0)
 }
 
-/// The `SigIgn:` mask of a status file's text (hex, bit `n - 1` for signal `n`).
-fn parse_sigign(status: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = b"\nSigIgn:\t";
-    let at = status.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+/// Opens `/proc/self/status` in place of `held` and reads it; a status that is not this
+/// process's even now marks the file unusable.
+fn reopen_status(pid: libc::pid_t, held: u64, close_held: bool) -> Option<u64> {
+    // `self`, not the number: a `/proc` of another pid namespace may give our number to
+    // another process, but never resolves `self` to one.
+    let file = std::fs::File::open("/proc/self/status").ok()?;
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(file);
+    let packed = (u64::from(pid as u32) << 32) | u64::from(fd as u32);
+    match STATUS_FD.compare_exchange(held, packed, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            if close_held {
+                // SAFETY: the fd inherited from our parent process's entry, ours to close;
+                // no other thread of this process reads it (its pid is not ours).
+                unsafe { libc::close(held as u32 as RawFd) };
+            }
+        }
+        Err(_) => {
+            // Another thread opened one first: read ours once, then let it go.
+            let ignored = read_sigign(fd, pid);
+            // SAFETY: `fd` was opened above and never published.
+            unsafe { libc::close(fd) };
+            return ignored;
+        }
+    }
+    let ignored = read_sigign(fd, pid);
+    if ignored.is_none() {
+        STATUS_UNUSABLE.store(true, Ordering::Relaxed);
+    }
+    ignored
+}
+
+/// `SigIgn` of the status file open as `fd`, if it describes process `pid`.
+fn read_sigign(fd: RawFd, pid: libc::pid_t) -> Option<u64> {
+    let mut buf = [0u8; 4096];
+    // SAFETY: pread into a buffer of the given length; an fd that is not (or no longer) a
+    // status file fails or reads something `parse_status` refuses.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
+    let status = buf.get(..usize::try_from(n).ok()?)?;
+    if status_field(status, b"Tgid")?.parse::<libc::pid_t>().ok()? != pid {
+        return None;
+    }
+    u64::from_str_radix(status_field(status, b"SigIgn")?, 16).ok()
+}
+
+/// The value of the status file line `<key>:\t<value>` (the first line is `Name:`, so a
+/// key is always preceded by a newline).
+fn status_field<'a>(status: &'a [u8], key: &[u8]) -> Option<&'a str> {
+    let at = status
+        .windows(key.len() + 3)
+        .position(|w| w[0] == b'\n' && &w[1..=key.len()] == key && &w[key.len() + 1..] == b":\t")?
+        + key.len()
+        + 3;
     let rest = status.get(at..)?;
-    let hex = &rest[..rest.iter().position(|&b| b == b'\n')?];
-    u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    std::str::from_utf8(&rest[..rest.iter().position(|&b| b == b'\n')?]).ok()
 }
 
 /// The ignored signals, asked of the kernel one by one.
@@ -497,17 +542,32 @@ mod tests {
     }
 
     #[test]
-    fn sigign_is_parsed_or_refused() {
-        let status =
-            b"Name:\tx\nSigPnd:\t0000000000000000\nSigIgn:\t0000000000001000\nSigCgt:\t1\n";
-        assert_eq!(parse_sigign(status), Some(0x1000));
-        assert_eq!(parse_sigign(b"Name:\tx\nSigIgn:\t00000000000010"), None);
-        assert_eq!(parse_sigign(b"Name:\tx\nSigIgn:\tzz\n"), None);
+    fn status_fields_are_parsed_or_refused() {
+        let status = b"Name:\tx\nTgid:\t42\nSigPnd:\t0\nSigIgn:\t0000000000001000\nSigCgt:\t1\n";
+        assert_eq!(status_field(status, b"SigIgn"), Some("0000000000001000"));
+        assert_eq!(status_field(status, b"Tgid"), Some("42"));
         assert_eq!(
-            parse_sigign(b"SigIgn:\t1\n"),
-            None,
-            "a key mid-line is not the line"
+            status_field(b"Name:\tx\nSigIgn:\t00000000000010", b"SigIgn"),
+            None
         );
-        assert_eq!(parse_sigign(b""), None);
+        assert_eq!(
+            status_field(b"SigIgn:\t1\n", b"SigIgn"),
+            None,
+            "mid-line is not a line"
+        );
+        assert_eq!(status_field(b"Name:\tx\nXSigIgn:\t1\n", b"SigIgn"), None);
+        assert_eq!(status_field(b"", b"SigIgn"), None);
+    }
+
+    #[test]
+    fn a_status_fd_that_is_not_ours_is_never_believed() {
+        let file = std::fs::File::open("/proc/self/status").expect("status");
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let pid = crate::sys::getpid();
+        assert!(read_sigign(fd, pid).is_some());
+        assert_eq!(read_sigign(fd, pid + 1), None, "another Tgid");
+        let (r, _w) = nix::unistd::pipe().expect("pipe");
+        assert_eq!(read_sigign(std::os::fd::AsRawFd::as_raw_fd(&r), pid), None);
+        assert_eq!(read_sigign(-1, pid), None);
     }
 }

@@ -285,6 +285,20 @@ def test_containment_changed_after_a_run_is_followed(ex: LocalShellExecutor) -> 
     assert "/shellseam-" not in ex.run_sync(spec).stdout.text
 
 
+def test_output_settings_changed_after_a_run_are_followed(ex: LocalShellExecutor) -> None:
+    spec = ex.resolve(ShellExecRequest(command="printf 0123456789; printf abcdefghij >&2"))
+    first = ex.run_sync(spec)
+    assert (first.stdout.text, first.stderr.text) == ("0123456789", "abcdefghij")
+    ex.max_output_bytes = 4  # the stderr cap; stdout's comes with the spec
+    ex.max_spill_bytes = 6
+    second = ex.run_sync(spec)
+    assert second.stderr.text == "ghij" and second.stderr.truncated
+    assert second.stderr.spill_path is not None
+    with open(second.stderr.spill_path, "rb") as f:
+        assert f.read() == b"abcdef"
+    assert second.stderr.spill_truncated and second.stderr.total_bytes == 10
+
+
 def test_a_mutable_environment_entry_is_never_served_stale(ex: LocalShellExecutor) -> None:
     import posix
 

@@ -333,3 +333,32 @@ def test_no_disposition_of_the_harness_reaches_the_child(
         if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
     ]
     assert masks == [f"{name}:\t{0:016x}" for name in ("SigBlk", "SigIgn", "SigCgt")]
+
+
+def test_a_forked_harness_resets_its_own_ignored_signals(tmp_path: os.PathLike[str]) -> None:
+    # The ignored signals are read from the process's status file, through an fd held
+    # once opened: a forked copy of the harness must read its own, not its parent's.
+    svc = SubprocessService()
+    ex = LocalShellExecutor(cwd=str(tmp_path), service=svc)
+    try:
+        assert run(ex, "true").exit_code == 0  # the parent's status fd is open now
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                sig.signal(sig.SIGUSR2, sig.SIG_IGN)  # ignored in the copy only
+                child_svc = SubprocessService()
+                child = LocalShellExecutor(cwd=str(tmp_path), service=child_svc)
+                out = run(child, "grep SigIgn /proc/self/status").stdout.text
+                child_svc.dispose()
+                os.write(w, out.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            got = f.read()
+        os.waitpid(pid, 0)
+        assert got == f"SigIgn:\t{0:016x}\n"
+    finally:
+        svc.dispose()

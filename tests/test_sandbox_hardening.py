@@ -169,7 +169,8 @@ def clone3_into_cgroup(cgroup_dir: str, key: tuple[int, int, int, int]) -> str:
         libc.syscall.restype = ctypes.c_long
         fd = os.open({cgroup_dir!r}, os.O_RDONLY | os.O_DIRECTORY)
         # flags CLONE_INTO_CGROUP, exit_signal SIGCHLD, cgroup fd (clone_args, 88 bytes)
-        args = ctypes.create_string_buffer(struct.pack("11Q", 1 << 33, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd))
+        fields = (1 << 33, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd)
+        args = ctypes.create_string_buffer(struct.pack("11Q", *fields))
         key = [ctypes.c_uint64(k) for k in {list(key)!r}]
         r = libc.syscall(ctypes.c_long(435), args, ctypes.c_size_t(88), *key)
         if r == 0:
@@ -248,6 +249,85 @@ def test_nothing_of_the_spawner_thread_is_readable_from_a_confined_command(
         stop.set()
         helper.join()
     assert r.stdout.text == "done\n", r.stdout.text
+
+
+@needs_root
+def test_trace_buffers_and_kernel_internals_are_unreadable(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    # Once anybody enables a syscall event, the trace buffer holds every process's syscall
+    # arguments (the spawner's clone3 key among them); a root-uid command passes its
+    # owner-only mode. Attack first: unconfined, it reads.
+    trace = "/sys/kernel/tracing/trace"
+    mounted = os.path.exists(trace)
+    if not mounted:
+        try:
+            subprocess.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], check=True)
+        except (OSError, subprocess.CalledProcessError):
+            pytest.skip("no tracefs here")
+    try:
+        from shellseam import LocalShellExecutor
+
+        # The trace buffer, and the kernel's address layout (root-only, like the rest of
+        # /sys/kernel but mm).
+        for path in (trace, "/sys/kernel/vmcoreinfo"):
+            if not os.path.exists(path):
+                continue
+            read = f"head -c 64 {path} >/dev/null && echo read"
+            local = LocalShellExecutor(cwd=box["ws"], service=svc)
+            assert run(local, read).stdout.text == "read\n"
+            for mode in ("workspace-write", "read-only"):
+                r = run(sandbox(box, svc, mode), read)
+                assert r.stdout.text == "" and "Permission denied" in r.stderr.text, mode
+        for mode in ("workspace-write", "read-only"):
+            r = run(sandbox(box, svc, mode), "cat /sys/kernel/mm/transparent_hugepage/enabled")
+            assert r.exit_code == 0 or not os.path.exists("/sys/kernel/mm/transparent_hugepage")
+    finally:
+        if not mounted:
+            subprocess.run(["umount", "/sys/kernel/tracing"], check=False)
+
+
+PERF_SYSTEM_WIDE = """
+    import ctypes, errno, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    # perf_event_attr: PERF_TYPE_SOFTWARE, size 128, PERF_COUNT_SW_CONTEXT_SWITCHES
+    attr = ctypes.create_string_buffer(struct.pack("IIQ", 1, 128, 3) + bytes(112))
+    fd = libc.syscall(298, attr, {pid}, 0, -1, 0)
+    print("ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+@needs_root
+def test_perf_events_of_every_process_are_refused(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    # A system-wide event (pid -1) samples every process's registers and stacks, and the
+    # kernel checks no ptrace access for it. Attack first, with the host allowing such
+    # events: unconfined, it opens.
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    knob = "/proc/sys/kernel/perf_event_paranoid"
+    with open(knob) as f:
+        saved = f.read()
+    try:
+        with open(knob, "w") as f:
+            f.write("-1")
+        from shellseam import LocalShellExecutor
+
+        local = LocalShellExecutor(cwd=box["ws"], service=svc)
+        assert run(local, py(PERF_SYSTEM_WIDE.format(pid=-1))).stdout.text == "ok\n"
+        for mode in ("workspace-write", "read-only"):
+            r = run(sandbox(box, svc, mode), py(PERF_SYSTEM_WIDE.format(pid=-1)))
+            assert r.stdout.text == "EPERM\n", (mode, r.stderr.text)
+            # Its own process may still be measured.
+            assert (
+                run(sandbox(box, svc, mode), py(PERF_SYSTEM_WIDE.format(pid=0))).stdout.text
+                == "ok\n"
+            )
+    finally:
+        with open(knob, "w") as f:
+            f.write(saved)
 
 
 def test_a_confined_command_carries_one_inherited_filter(

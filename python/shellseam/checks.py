@@ -12,6 +12,7 @@ import math
 import operator
 from collections.abc import Mapping
 from dataclasses import fields
+from typing import Any
 
 from .abort import AbortSignal
 from .errors import INVALID_REQUEST, ShellError
@@ -190,17 +191,23 @@ def request_limits(limits: object) -> ResourceLimits:
 _CHECKED = "_shellseam_checked"
 
 
+#: The values ``check_spec`` checks beyond ``env`` and ``managed_env``, read off a spec's
+#: ``__dict__`` in one C call (the fields of the frozen dataclass live there).
+_checked_values = operator.itemgetter(
+    "command",
+    "workdir",
+    "timeout_ms",
+    "stdout_max_bytes",
+    "signal",
+    "stdin",
+    "sandbox_policy",
+    "limits",
+)
+
+
 def _checked_fields(spec: ShellExecSpec) -> tuple[object, ...]:
-    return (
-        spec.command,
-        spec.workdir,
-        spec.timeout_ms,
-        spec.stdout_max_bytes,
-        spec.signal,
-        spec.stdin,
-        spec.sandbox_policy,
-        spec.limits,
-    )
+    values: tuple[object, ...] = _checked_values(spec.__dict__)
+    return values
 
 
 def mark_checked(spec: ShellExecSpec) -> ShellExecSpec:
@@ -220,21 +227,31 @@ def unmark(spec: ShellExecSpec) -> ShellExecSpec:
     return spec
 
 
+def marked_values(spec: object) -> dict[str, Any] | None:
+    """The field values of a spec ``resolve`` marked (``mark_checked``) whose values are still
+    the very objects it checked, else None (the spec needs ``check_spec``'s full check)."""
+    if type(spec) is not ShellExecSpec:
+        return None
+    values = spec.__dict__
+    mark = values.get(_CHECKED)
+    if (
+        mark is not None
+        and values["env"] is None
+        and values["managed_env"] is None
+        and all(map(operator.is_, mark, _checked_values(values)))
+    ):
+        return values
+    return None
+
+
 def check_spec(spec: object) -> ShellExecSpec:
     """A spec as ``resolve`` would have produced it; hand-built specs are checked here.
 
     A spec ``resolve`` marked (``mark_checked``) whose values are still the very objects it
     checked is not checked again; any other spec, a copy made with ``dataclasses.replace`` or a
     field changed behind the frozen dataclass's back included, is checked in full."""
-    if type(spec) is ShellExecSpec:
-        mark = spec.__dict__.get(_CHECKED)
-        if (
-            mark is not None
-            and spec.env is None
-            and spec.managed_env is None
-            and all(map(operator.is_, mark, _checked_fields(spec)))
-        ):
-            return spec
+    if marked_values(spec) is not None:
+        return spec  # type: ignore[return-value]
     if not isinstance(spec, ShellExecSpec):
         raise invalid(f"expected a ShellExecSpec, got {type(spec).__name__}")
     check_command(spec.command)

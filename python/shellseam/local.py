@@ -15,7 +15,7 @@ import posix
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from .checks import (
     MAX_BYTES,
@@ -32,6 +32,7 @@ from .checks import (
     config_path,
     invalid,
     mark_checked,
+    marked_values,
     positive_int,
     request_limits,
 )
@@ -100,6 +101,18 @@ DEFAULT_ALLOW_ENV: tuple[str, ...] = (
 #: The kernel's limit for one argument (MAX_ARG_STRLEN, with its NUL); longer commands reach
 #: bash through a sealed memfd.
 _MAX_ARG_BYTES = 128 * 1024 - 1
+
+#: The executor attributes ``run_shell``'s template is made of (see ``_shell_template``).
+_TEMPLATE_SETTINGS = frozenset(
+    {
+        "max_output_bytes",
+        "max_spill_bytes",
+        "grace_ms",
+        "containment",
+        "_shell_program",
+        "_shell_argv0",
+    }
+)
 #: How bash runs a long command: it reads the script from fd 3 (a sealed memfd) and
 #: evaluates it with fd 3 closed. `$0`, `$LINENO`, error messages ("bash: line N: …"),
 #: `set -e` and exit codes read as with `bash -c <command>` (a script file or `source`
@@ -242,6 +255,17 @@ class LocalShellExecutor(ShellExecutor):
     """
 
     sandbox_mode: SandboxMode | None = None
+    #: The class confines nothing (``run_sync`` then skips the confinement hooks): true
+    #: unless a subclass overrides one of them.
+    _plain: bool = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        base = LocalShellExecutor
+        cls._plain = all(
+            getattr(cls, hook) is getattr(base, hook)
+            for hook in ("_prepare", "_child_env", "_sandbox_info", "_result")
+        )
 
     def __init__(
         self,
@@ -296,8 +320,9 @@ class LocalShellExecutor(ShellExecutor):
         self._shell_program = _BASH if shell == "bash" else _shell_path(shell)
         self._shell_argv0 = os.fsencode(shell)
         self._env = self._env_builder(())
-        #: The settings ``run_shell`` takes from this executor, and what they were made of.
-        self._template: tuple[tuple[object, ...], ShellTemplate] | None = None
+        #: The settings ``run_shell`` takes from this executor, with the service they were
+        #: made for; None once one of them changed (``__setattr__``).
+        self._template: tuple[SubprocessService, ShellTemplate] | None = None
 
     def _env_builder(
         self, drop_names: Sequence[bytes], fixed: Sequence[tuple[str, str]] = ()
@@ -451,18 +476,62 @@ class LocalShellExecutor(ShellExecutor):
             if script_fd is not None:
                 os.close(script_fd)
 
-    def _shell_template(self, service: SubprocessService) -> ShellTemplate:
-        """The executor's fixed spawn settings for ``run_shell``, made again only when one of
-        them changed."""
-        key = (
-            service,
-            self.max_output_bytes,
-            self.max_spill_bytes,
-            self.grace_ms,
-            self.containment,
+    def _run_marked(
+        self, spec: ShellExecSpec, values: dict[str, Any], command: bytes
+    ) -> ShellRunResult:
+        """``_run_foreground`` of a checked spec without a signal and a short ``command``."""
+        service = self._service
+        if service is None:
+            service = default_service()
+        stdin = values["stdin"]
+        if not isinstance(stdin, bytes):  # as _encoded
+            stdin = stdin.encode() if isinstance(stdin, str) else b""
+        made = self._template
+        template = (
+            made[1] if made is not None and made[0] is service else self._shell_template(service)
         )
+        if self._plain:
+            return service.run_shell(
+                template,
+                command,
+                values["workdir"],
+                # _child_env without confinement and without env mappings (marked specs
+                # have none): the inherited layer alone.
+                self._env.build(posix.environ, None, None),
+                stdin,
+                values["stdout_max_bytes"],
+                None,
+                values["limits"],
+                values["timeout_ms"],
+            )
+        conf = self._prepare(spec)
+        try:
+            result = service.run_shell(
+                template,
+                command,
+                values["workdir"],
+                self._child_env(spec, conf),
+                stdin,
+                values["stdout_max_bytes"],
+                conf.ruleset,
+                values["limits"],
+                values["timeout_ms"],
+            )
+        finally:
+            conf.settle()
+        return self._result(spec, result)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in _TEMPLATE_SETTINGS:
+            # The template is made again, from the new value, at the next run.
+            object.__setattr__(self, "_template", None)
+
+    def _shell_template(self, service: SubprocessService) -> ShellTemplate:
+        """The executor's fixed spawn settings for ``run_shell`` with ``service``, made again
+        when the service is another or a setting changed (``__setattr__``)."""
         template = self._template
-        if template is None or template[0] != key:
+        if template is None or template[0] is not service:
             made = service.shell_template(
                 self._shell_program,
                 self._shell_argv0,
@@ -471,7 +540,7 @@ class LocalShellExecutor(ShellExecutor):
                 self.grace_ms,
                 self.containment == "auto",
             )
-            template = self._template = (key, made)
+            template = self._template = (service, made)
         return template[1]
 
     def _shell_arg(self, command: bytes) -> tuple[bytes, int | None]:
@@ -500,11 +569,21 @@ class LocalShellExecutor(ShellExecutor):
     # -- foreground --------------------------------------------------------------------
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        values = marked_values(spec)
+        if values is not None and values["signal"] is None:
+            # The hot path, for a spec as resolve made it: _run_foreground's steps written
+            # out (each Python call costs ~1-2 us here when it runs cold, right after a
+            # child), then one native call spawns, waits, kills on the timeout and builds
+            # the result records. A long command takes the general path (its memfd).
+            try:
+                command = values["command"].encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # past resolve's checks: the general path says why
+                command = None
+            if command is not None and len(command) <= _MAX_ARG_BYTES:
+                return self._run_marked(spec, values, command)
         check_spec(spec)
         signal = spec.signal
         if signal is None:
-            # The hot path: one native call spawns, waits, kills on the timeout and builds
-            # the result records.
             return self._result(spec, self._run_foreground(spec))
         if signal.aborted:
             return self._aborted_before_start(spec)
