@@ -20,6 +20,7 @@ __all__ = [
     "Proc",
     "ReadDelta",
     "Resources",
+    "RootCheck",
     "Ruleset",
     "Rusage",
     "SandboxError",
@@ -238,6 +239,15 @@ class Ruleset:
     def enforcement(self) -> str: ...
     @property
     def missing(self) -> list[str]: ...
+
+@final
+class RootCheck:
+    """Paths with the directory (device, inode) each was pinned to, or None where it named
+    nothing."""
+
+    def __new__(cls, entries: list[tuple[bytes, tuple[int, int] | None]]) -> RootCheck: ...
+    def still_same(self) -> bool:
+        """Whether every path still names its directory, or still names nothing."""
 
 @final
 class Resources:

@@ -31,7 +31,7 @@ from .checks import config_bool
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
 from .paths import remove_tree
-from .service import EnvBuilder, Ruleset, SubprocessService
+from .service import EnvBuilder, RootCheck, Ruleset, SubprocessService
 from .types import (
     SANDBOX_MODES,
     SandboxEnforcement,
@@ -293,21 +293,6 @@ class _PinnedRoots:
             return self._fds[ident]
 
 
-def _still_same(checks: tuple[tuple[str, Identity | None], ...]) -> bool:
-    """Whether every root path still names the directory it was pinned to, or still names
-    nothing (one stat each)."""
-    for path, ident in checks:
-        try:
-            st = os.stat(path)
-        except OSError:
-            if ident is None:
-                continue
-            return False
-        if (st.st_dev, st.st_ino) != ident:
-            return False
-    return True
-
-
 def _close_all(fds: dict[Identity, int]) -> None:
     for fd in fds.values():
         with contextlib.suppress(OSError):
@@ -391,9 +376,9 @@ class SandboxShellExecutor(LocalShellExecutor):
         self._rulesets_lock = threading.Lock()
         self._confined_env = self._env_builder(_CONFINED_DROPS)
         self._cache_envs: dict[str, EnvBuilder] = {}
-        self._prepared: dict[
-            object, tuple[SubprocessService, tuple[tuple[str, Identity | None], ...], Confinement]
-        ] = {}
+        self._prepared: dict[object, tuple[SubprocessService, RootCheck, Confinement]] = {}
+        #: One record per (mode, network, denied): records are immutable, so results share.
+        self._infos: dict[tuple[SandboxMode, bool, bool], ShellSandboxInfo] = {}
         if protect_harness:
             make_harness_non_dumpable()
 
@@ -456,7 +441,7 @@ class SandboxShellExecutor(LocalShellExecutor):
             return self._prepare_read_only(spec, policy, service)
         key = (policy.workspace_root, policy.writable_roots, policy.network, id(service))
         hit = self._prepared.get(key)
-        if hit is not None and hit[0] is service and _still_same(hit[1]):
+        if hit is not None and hit[0] is service and hit[1].still_same():
             return hit[2]
         roots = [policy.workspace_root, *policy.writable_roots, *_SHARED_WRITABLE]
         idents = self._writable_identities(roots, service)
@@ -472,13 +457,16 @@ class SandboxShellExecutor(LocalShellExecutor):
             idents.append(cache_pin[1])
         ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
         conf = Confinement(ruleset=ruleset, env_builder=self._cache_env(cache))
-        # The next call of this policy only re-checks that every root is the same directory.
-        checks = tuple(
-            (path, self._pins.pin(path, writable=True)) for path in dict.fromkeys((*roots, cache))
-        )
+        # The next call of this policy only re-checks that every root is the same directory
+        # (one stat each, natively).
+        checks = [
+            (os.fsencode(path), got[1] if got else None)
+            for path in dict.fromkeys((*roots, cache))
+            for got in (self._pins.pin(path, writable=True),)
+        ]
         if len(self._prepared) >= _RULESET_CACHE_SIZE:
             self._prepared.clear()
-        self._prepared[key] = (service, tuple((p, got and got[1]) for p, got in checks), conf)
+        self._prepared[key] = (service, RootCheck(checks), conf)
         return conf
 
     def _cache_env(self, cache: str) -> EnvBuilder:
@@ -562,12 +550,15 @@ class SandboxShellExecutor(LocalShellExecutor):
         self, spec: ShellExecSpec, exit_code: int | None, stdout_tail: str, stderr_tail: str
     ) -> ShellSandboxInfo:
         policy = self._policy(spec)
-        confined = policy.mode != "danger-full-access"
-        return ShellSandboxInfo(
-            mode=policy.mode,
-            denied=confined and is_denial(exit_code, stdout_tail, stderr_tail),
-            enforcement=enforcement_for(policy.mode, policy.network),
-        )
+        mode = policy.mode
+        denied = mode != "danger-full-access" and is_denial(exit_code, stdout_tail, stderr_tail)
+        key = (mode, policy.network, denied)
+        info = self._infos.get(key)
+        if info is None:
+            info = self._infos[key] = ShellSandboxInfo(
+                mode=mode, denied=denied, enforcement=enforcement_for(mode, policy.network)
+            )
+        return info
 
     def _runner_failed_info(self, spec: ShellExecSpec) -> ShellSandboxInfo:
         # The command never ran: no exit code, so never a denial.

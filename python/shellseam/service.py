@@ -43,6 +43,7 @@ Finished: TypeAlias = _core.Finished
 ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
+RootCheck: TypeAlias = _core.RootCheck
 ShellTemplate: TypeAlias = _core.ShellTemplate
 #: Containment facts of a settled call, and of the host.
 NativeResources: TypeAlias = _core.Resources

@@ -144,6 +144,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervisor::ShellTemplate>()?;
     m.add_class::<notifier::Notifier>()?;
     m.add_class::<ruleset::Ruleset>()?;
+    m.add_class::<ruleset::RootCheck>()?;
     m.add_class::<collector::Collector>()?;
     m.add_class::<env::Env>()?;
     m.add_class::<env::EnvBuilder>()?;

@@ -111,3 +111,41 @@ pub(crate) fn harness_dumpable() -> bool {
     // SAFETY: PR_GET_DUMPABLE reads a flag of this process.
     unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
 }
+
+/// The roots of a cached confinement, checked again at every call of it: each path with
+/// the directory it was pinned to (device, inode; None: the path named nothing then). One
+/// `stat` per path, no Python object per check.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct RootCheck {
+    entries: Vec<(std::ffi::CString, Option<Identity>)>,
+}
+
+/// A directory's (device, inode).
+type Identity = (u64, u64);
+
+#[pymethods]
+impl RootCheck {
+    #[new]
+    fn new(entries: Vec<(Vec<u8>, Option<Identity>)>) -> PyResult<Self> {
+        let entries = entries
+            .into_iter()
+            .map(|(path, ident)| {
+                std::ffi::CString::new(path)
+                    .map(|path| (path, ident))
+                    .map_err(|_| PyValueError::new_err("a root path contains a NUL byte"))
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(Self { entries })
+    }
+
+    /// Whether every path still names the directory it was pinned to, or still names
+    /// nothing.
+    fn still_same(&self) -> bool {
+        self.entries.iter().all(
+            |(path, ident)| match nix::sys::stat::stat(path.as_c_str()) {
+                Ok(st) => Some((st.st_dev, st.st_ino)) == *ident,
+                Err(_) => ident.is_none(),
+            },
+        )
+    }
+}
