@@ -928,7 +928,9 @@ def test_1_the_cli_sees_the_symlink_its_shell_entered(box: dict[str, str]) -> No
     # CLI judges the root by it (os.getcwd() would only show where it leads).
     link = os.path.join(box["ws_parent"], "x")
     os.symlink(box["protected"], link)
-    env = {**os.environ, "PWD": link}
+    # The CLI keeps its spill folder: under the box, not the user's cache.
+    cache = os.path.join(box["base"], "cache")
+    env = {**os.environ, "PWD": link, "XDG_CACHE_HOME": cache}
     p = subprocess.run(
         [PY, "-m", "shellseam.cli", "run", "--sandbox", "workspace-write", "--",
          f"echo pwned > {box['protected']}/new"],
@@ -940,7 +942,7 @@ def test_1_the_cli_sees_the_symlink_its_shell_entered(box: dict[str, str]) -> No
     # The same directory entered by its real path is an ordinary workspace.
     ok = subprocess.run(
         [PY, "-m", "shellseam.cli", "run", "--sandbox", "workspace-write", "--", "pwd"],
-        cwd=box["ws"], env={**os.environ, "PWD": box["ws"]},
+        cwd=box["ws"], env={**os.environ, "PWD": box["ws"], "XDG_CACHE_HOME": cache},
         capture_output=True, text=True, timeout=60, input="",
     )  # fmt: skip
     assert ok.returncode == 0 and ok.stdout.startswith(box["ws"] + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -11,7 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,20 @@ from shellseam import ShellRunResult
 from shellseam.cli import parse_size
 
 CLI = [sys.executable, "-m", "shellseam.cli"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_cache() -> Iterator[None]:
+    """The CLI keeps its spill files under the cache's `shellseam/cli/`: these tests' go to
+    a cache of their own, removed afterwards, never the user's. Not under /tmp, which the
+    sandbox modes may write (a spill directory there is refused)."""
+    cache = tempfile.mkdtemp(prefix="shellseam-cli-cache-", dir="/var/tmp")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_CACHE_HOME", cache)
+            yield
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def cli(
@@ -525,6 +542,9 @@ def test_a_workspace_holding_the_cache_gets_its_spill_files_elsewhere(tmp_path: 
         assert path.read_text().endswith("99999\n100000\n")
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
+        for made in (path.parent.parent, path.parent.parent.parent):  # when left empty
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 # -- missing extras ---------------------------------------------------------------------------
