@@ -280,26 +280,11 @@ impl std::fmt::Debug for Clone3Key {
 impl Clone3Key {
     /// 256 random bits from the kernel; None if it gives none.
     pub fn generate() -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        crate::sys::fill_random(&mut bytes).ok()?;
         let mut words = [0u64; 4];
-        let bytes = std::mem::size_of_val(&words);
-        let mut filled = 0;
-        while filled < bytes {
-            // SAFETY: getrandom writes at most `bytes - filled` bytes into `words`, from
-            // offset `filled`, all within the array.
-            let got = unsafe {
-                libc::getrandom(
-                    (words.as_mut_ptr() as *mut u8).add(filled) as *mut libc::c_void,
-                    bytes - filled,
-                    0,
-                )
-            };
-            if got < 0 {
-                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                return None;
-            }
-            filled += got as usize;
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *word = u64::from_ne_bytes(chunk.try_into().ok()?);
         }
         Some(Self(words))
     }

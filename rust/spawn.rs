@@ -401,7 +401,7 @@ fn reopen_status(pid: libc::pid_t, held: u64, close_held: bool) -> Option<u64> {
 fn read_sigign(fd: RawFd, pid: libc::pid_t) -> Option<u64> {
     let mut buf = [0u8; 4096];
     // SAFETY: pread into a buffer of the given length; an fd that is not (or no longer) a
-    // status file fails or reads something `parse_status` refuses.
+    // status file fails or reads something `status_field` or the Tgid check refuses.
     let n = unsafe { libc::pread(fd, buf.as_mut_ptr() as *mut c_void, buf.len(), 0) };
     let status = buf.get(..usize::try_from(n).ok()?)?;
     if status_field(status, b"Tgid")?.parse::<libc::pid_t>().ok()? != pid {

@@ -19,29 +19,7 @@ use std::sync::Arc;
 /// Random lowercase hex from the kernel's CSPRNG.
 pub fn random_hex(bytes: usize) -> io::Result<String> {
     let mut buf = vec![0u8; bytes];
-    let mut filled = 0;
-    while filled < buf.len() {
-        // The raw syscall, not glibc's getrandom() wrapper (GLIBC_2.25): the wheel's
-        // symbol versions then name only what the manylinux tag promises, whatever glibc
-        // or linker (zig stubs leave an unknown symbol unversioned) built it.
-        // SAFETY: getrandom writes at most `len - filled` bytes into the unfilled tail.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_getrandom,
-                buf[filled..].as_mut_ptr() as *mut libc::c_void,
-                buf.len() - filled,
-                0 as libc::c_uint,
-            )
-        };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        filled += n as usize;
-    }
+    crate::sys::fill_random(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 

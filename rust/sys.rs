@@ -1,6 +1,7 @@
 //! The parent-side syscalls of the supervisor, on `nix`: epoll, eventfd, poll, signal
 //! masks, waitpid. Only `wait4` stays raw here: nix has no call that returns the rusage of
-//! one reaped child. (The code between clone and exec lives in `spawn.rs` and stays raw.)
+//! one reaped child; and `getrandom`, whose glibc wrapper the wheel must not import. (The
+//! code between clone and exec lives in `spawn.rs` and stays raw.)
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
@@ -15,6 +16,35 @@ use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
 pub(crate) use nix::sys::epoll::EpollEvent as Event;
+
+/// Fills `buf` from the kernel's CSPRNG (spill names, the confined spawner's `clone3` key).
+///
+/// The raw syscall, not glibc's getrandom() wrapper (GLIBC_2.25): the wheel's symbol
+/// versions then name only what the manylinux tag promises, whatever glibc or linker (zig
+/// stubs leave an unknown symbol unversioned) built it.
+pub(crate) fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        // SAFETY: getrandom writes at most `len - filled` bytes into the unfilled tail.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getrandom,
+                buf[filled..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - filled,
+                0 as libc::c_uint,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        filled += n as usize;
+    }
+    Ok(())
+}
 
 /// Locks `m`; a panic while holding a lock must not wedge every later caller.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
