@@ -449,66 +449,24 @@ class LocalShellExecutor(ShellExecutor):
                 os.close(script_fd)
         return proc, conf
 
-    def _run_foreground(self, spec: ShellExecSpec) -> ShellRunResult:
+    def _run_foreground(self, spec: ShellExecSpec, values: dict[str, Any]) -> ShellRunResult:
         """Spawns, waits and collects the call in one native call
-        (``SubprocessService.run_shell``) and settles its confinement."""
-        service = self.service
+        (``SubprocessService.run_shell``), settles its confinement and completes the result
+        with the sandbox facts; ``values``: the checked spec's fields. Written out, not
+        through ``service``/``_prepare``/``_result`` hooks an unconfined call does not
+        need: each Python call costs ~1-2 us here when it runs cold, right after a child."""
         stdin, command = _encoded(spec)
-        template = self._shell_template(service)
-        conf = self._prepare(spec)
-        script_fd = None
-        try:
-            arg, script_fd = self._shell_arg(command)
-            return service.run_shell(
-                template,
-                arg,
-                spec.workdir,
-                self._child_env(spec, conf),
-                stdin,
-                spec.stdout_max_bytes,
-                conf.ruleset,
-                spec.limits,
-                spec.timeout_ms,
-                script_fd,
-            )
-        finally:
-            conf.settle()
-            if script_fd is not None:
-                os.close(script_fd)
-
-    def _run_marked(
-        self, spec: ShellExecSpec, values: dict[str, Any], command: bytes
-    ) -> ShellRunResult:
-        """``_run_foreground`` of a checked spec without a signal and a short ``command``."""
         service = self._service
         if service is None:
             service = default_service()
-        stdin = values["stdin"]
-        if not isinstance(stdin, bytes):  # as _encoded
-            stdin = stdin.encode() if isinstance(stdin, str) else b""
-        made = self._template
-        template = (
-            made[1] if made is not None and made[0] is service else self._shell_template(service)
-        )
-        if self._plain:
-            return service.run_shell(
-                template,
-                command,
-                values["workdir"],
-                # _child_env without confinement and without env mappings (marked specs
-                # have none): the inherited layer alone.
-                self._env.build(posix.environ, None, None),
-                stdin,
-                values["stdout_max_bytes"],
-                None,
-                values["limits"],
-                values["timeout_ms"],
-            )
-        conf = self._prepare(spec)
+        plain = self._plain
+        conf = _UNCONFINED if plain else self._prepare(spec)
+        script_fd = None
         try:
+            arg, script_fd = self._shell_arg(command)
             result = service.run_shell(
-                template,
-                command,
+                self._shell_template(service),
+                arg,
                 values["workdir"],
                 self._child_env(spec, conf),
                 stdin,
@@ -516,10 +474,14 @@ class LocalShellExecutor(ShellExecutor):
                 conf.ruleset,
                 values["limits"],
                 values["timeout_ms"],
+                script_fd,
             )
         finally:
-            conf.settle()
-        return self._result(spec, result)
+            if not plain:
+                conf.settle()
+            if script_fd is not None:
+                os.close(script_fd)
+        return result if plain else self._result(spec, result)
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
@@ -569,22 +531,14 @@ class LocalShellExecutor(ShellExecutor):
     # -- foreground --------------------------------------------------------------------
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
-        values = marked_values(spec)
-        if values is not None and values["signal"] is None:
-            # The hot path, for a spec as resolve made it: _run_foreground's steps written
-            # out (each Python call costs ~1-2 us here when it runs cold, right after a
-            # child), then one native call spawns, waits, kills on the timeout and builds
-            # the result records. A long command takes the general path (its memfd).
-            try:
-                command = values["command"].encode("utf-8", "surrogateescape")
-            except UnicodeEncodeError:  # past resolve's checks: the general path says why
-                command = None
-            if command is not None and len(command) <= _MAX_ARG_BYTES:
-                return self._run_marked(spec, values, command)
-        check_spec(spec)
-        signal = spec.signal
+        values = marked_values(spec)  # a spec as resolve made it needs no new check
+        if values is None:
+            values = vars(check_spec(spec))
+        signal = values["signal"]
         if signal is None:
-            return self._result(spec, self._run_foreground(spec))
+            # The hot path: one native call spawns, waits, kills on the timeout and builds
+            # the result records.
+            return self._run_foreground(spec, values)
         if signal.aborted:
             return self._aborted_before_start(spec)
         proc, conf = self._spawn(spec, spec.stdout_max_bytes)
