@@ -163,7 +163,8 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// Every handled signal starts at SIG_DFL in the child (Linux 5.5); ignored ones stay so.
 const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
-/// `clone3` into `cgroup_fd` with vfork semantics; the child runs `entry(arg)` on the stack
+/// `clone3` with vfork semantics, into `cgroup_fd` when one is given; the child runs
+/// `entry(arg)` on the stack
 /// whose (16-byte aligned) top is `top`, exactly as with `libc::clone`; `clear_sighand`: the
 /// kernel resets the child's handled signals to SIG_DFL (`CLONE_CLEAR_SIGHAND`); `key`: the
 /// spawning thread's filter allows `clone3` only with it (see `seccomp.rs`). Returns the
@@ -174,7 +175,7 @@ const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 /// and `arg` and the stack below `top` must outlive the child's exec.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn clone3_into(
-    cgroup_fd: RawFd,
+    cgroup_fd: Option<RawFd>,
     top: *mut c_void,
     entry: extern "C" fn(*mut c_void) -> libc::c_int,
     arg: *mut c_void,
@@ -191,13 +192,13 @@ pub unsafe fn clone3_into(
     };
     let mut args = CloneArgs {
         flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
-            | CLONE_INTO_CGROUP
+            | cgroup_fd.map_or(0, |_| CLONE_INTO_CGROUP)
             | clear,
         pidfd: pidfd as *mut libc::c_int as u64,
         exit_signal: libc::SIGCHLD as u64,
         stack: (top as u64).saturating_sub(SPAN),
         stack_size: SPAN,
-        cgroup: cgroup_fd as u64,
+        cgroup: cgroup_fd.map_or(0, |fd| fd as u64),
         ..CloneArgs::default()
     };
     // The key of a confined spawner's filter (see `seccomp.rs`) rides in the argument
@@ -249,7 +250,7 @@ pub unsafe fn clone3_into(
 
 #[cfg(not(target_arch = "x86_64"))]
 pub unsafe fn clone3_into(
-    _cgroup_fd: RawFd,
+    _cgroup_fd: Option<RawFd>,
     _top: *mut c_void,
     _entry: extern "C" fn(*mut c_void) -> libc::c_int,
     _arg: *mut c_void,

@@ -316,9 +316,10 @@ def test_pre_aborted_call_after_dispose_raises_disposed() -> None:
 def test_no_disposition_of_the_harness_reaches_the_child(
     service: SubprocessService, tmp_path: os.PathLike[str], containment: str
 ) -> None:
-    # Cloned with CLONE_CLEAR_SIGHAND (a cgroup per call), the kernel resets the handlers
-    # and the child resets only what the harness ignores; without it (session containment)
-    # it resets everything. Either way the command starts with every signal at SIG_DFL.
+    # Cloned with CLONE_CLEAR_SIGHAND (clone3, with or without a cgroup), the kernel resets
+    # the handlers and the child resets only what the harness ignores; a kernel without it
+    # makes the child reset everything. Either way the command starts with every signal at
+    # SIG_DFL.
     rt = sig.SIGRTMIN + 3
     saved = {s: sig.getsignal(s) for s in (sig.SIGUSR1, sig.SIGUSR2, sig.SIGWINCH, rt)}
     sig.signal(sig.SIGUSR1, sig.SIG_IGN)
@@ -339,11 +340,14 @@ def test_no_disposition_of_the_harness_reaches_the_child(
     assert masks == [f"{name}:\t{0:016x}" for name in ("SigBlk", "SigIgn", "SigCgt")]
 
 
-def test_a_forked_harness_resets_its_own_ignored_signals(tmp_path: os.PathLike[str]) -> None:
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_forked_harness_resets_its_own_ignored_signals(
+    tmp_path: os.PathLike[str], containment: str
+) -> None:
     # The ignored signals are read from the process's status file, through an fd held
     # once opened: a forked copy of the harness must read its own, not its parent's.
     svc = SubprocessService()
-    ex = LocalShellExecutor(cwd=str(tmp_path), service=svc)
+    ex = LocalShellExecutor(cwd=str(tmp_path), service=svc, containment=containment)
     try:
         assert run(ex, "true").exit_code == 0  # the parent's status fd is open now
         r, w = os.pipe()
@@ -353,7 +357,9 @@ def test_a_forked_harness_resets_its_own_ignored_signals(tmp_path: os.PathLike[s
                 os.close(r)
                 sig.signal(sig.SIGUSR2, sig.SIG_IGN)  # ignored in the copy only
                 child_svc = SubprocessService()
-                child = LocalShellExecutor(cwd=str(tmp_path), service=child_svc)
+                child = LocalShellExecutor(
+                    cwd=str(tmp_path), service=child_svc, containment=containment
+                )
                 out = run(child, "grep SigIgn /proc/self/status").stdout.text
                 child_svc.dispose()
                 os.write(w, out.encode())
