@@ -3,15 +3,18 @@
 //! Diagnostics, not part of the product.
 //! - `minimal_reader`, the drain floor: spawns `argv` with stdout on a non-blocking pipe,
 //!   waits in epoll, reads into one buffer and copies the last `tail` bytes into a ring,
-//!   then reaps the child. No spill file, no process group, no supervisor thread: whatever
-//!   shellseam's drain costs beyond this is shellseam's own.
+//!   then reaps the child. No process group, no supervisor thread: whatever shellseam's
+//!   drain costs beyond this is shellseam's own. Given a spill file, it also writes the
+//!   stream's first `spill_cap` bytes there, straight from the buffer they were read into:
+//!   the floor of the drain SPEC asks for (the complete head of the stream kept on disk).
 //! - `session_spawn`, the spawn floor with shellseam's contract: glibc `posix_spawn`
 //!   (vfork) of a session leader with stdin, stdout and stderr on pipes, stdout and stderr
 //!   drained with `poll` until EOF, then `waitpid`. The pipes and the session are what
 //!   SPEC asks of every call, so this is the floor of `run_sync` itself.
 
 use std::ffi::CString;
-use std::io;
+use std::fs::File;
+use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,9 +32,21 @@ pub struct FloorRun {
     pub total_bytes: u64,
 }
 
+/// Where the minimal reader writes the head of the stream, and how much of it.
+pub struct FloorSpill {
+    pub file: File,
+    pub cap: u64,
+}
+
 /// Runs `argv` (`argv[0]` looked up in PATH) with stdout drained through `buf_bytes` reads
-/// into a `tail` byte ring; stdin and stderr are /dev/null.
-pub fn minimal_reader(argv: &[String], buf_bytes: usize, tail: usize) -> io::Result<FloorRun> {
+/// into a `tail` byte ring, and the first `spill.cap` bytes written to `spill.file`; stdin
+/// and stderr are /dev/null.
+pub fn minimal_reader(
+    argv: &[String],
+    buf_bytes: usize,
+    tail: usize,
+    mut spill: Option<FloorSpill>,
+) -> io::Result<FloorRun> {
     let Some((program, args)) = argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
     };
@@ -62,6 +77,10 @@ pub fn minimal_reader(argv: &[String], buf_bytes: usize, tail: usize) -> io::Res
             match nix::unistd::read(&stdout, &mut buf) {
                 Ok(0) => break 'drain,
                 Ok(n) => {
+                    if let Some(spill) = spill.as_mut() {
+                        let room = spill.cap.saturating_sub(total).min(n as u64) as usize;
+                        spill.file.write_all(&buf[..room])?;
+                    }
                     ring_push(&mut ring, total, &buf[..n]);
                     total += n as u64;
                 }
@@ -177,8 +196,23 @@ mod tests {
     #[test]
     fn drains_everything_the_child_writes() {
         let argv = ["head", "-c", "3000000", "/dev/zero"].map(String::from);
-        let run = minimal_reader(&argv, 1 << 16, 64 * 1024).unwrap();
+        let run = minimal_reader(&argv, 1 << 16, 64 * 1024, None).unwrap();
         assert_eq!(run.total_bytes, 3_000_000);
+    }
+
+    #[test]
+    fn writes_the_head_of_the_stream_to_the_spill_file() {
+        let path =
+            std::env::temp_dir().join(format!("shellseam-floor-spill-{}", std::process::id()));
+        let file = File::create(&path).unwrap();
+        let argv = ["seq", "1", "100000"].map(String::from);
+        let spill = FloorSpill { file, cap: 1000 };
+        let run = minimal_reader(&argv, 4096, 64, Some(spill)).unwrap();
+        let head = std::fs::read(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
+        let whole: String = (1..=100_000).map(|i| format!("{i}\n")).collect();
+        assert_eq!(run.total_bytes, whole.len() as u64);
+        assert_eq!(head, whole.as_bytes()[..1000]);
     }
 
     #[test]

@@ -411,10 +411,15 @@ def landlock_fs_rights() -> list[str]: ...
 def containment_facts() -> ContainmentFacts: ...
 def _keeper_main(fd: int) -> int: ...
 def bench_minimal_reader(
-    argv: list[str], buf_bytes: int = 1048576, tail_bytes: int = 65536
+    argv: list[str],
+    buf_bytes: int = 1048576,
+    tail_bytes: int = 65536,
+    spill_path: str | PathLike[str] | None = None,
+    spill_bytes: int = 67108864,
 ) -> float:
     """Wall seconds of ``argv`` with stdout drained by a minimal epoll reader keeping a
-    ``tail_bytes`` ring (a benchmark floor; stdin and stderr are /dev/null)."""
+    ``tail_bytes`` ring and, with ``spill_path`` (a new file), the first ``spill_bytes``
+    written there (a benchmark floor; stdin and stderr are /dev/null)."""
 
 def bench_session_spawn(program: bytes, argv: list[bytes], env: Env) -> float:
     """Wall seconds of ``program`` spawned by glibc ``posix_spawn`` as a session leader with

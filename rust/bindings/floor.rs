@@ -7,24 +7,43 @@ use pyo3::prelude::*;
 use super::cstring;
 use super::env::Env;
 use crate::errors::CoreError;
-use crate::floor::{minimal_reader, session_spawn};
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use crate::floor::{minimal_reader, session_spawn, FloorSpill};
 
 /// Runs `argv` with its stdout drained by the least a userspace reader can do (epoll,
-/// non-blocking reads of `buf_bytes`, the last `tail_bytes` kept in a ring) and returns
-/// the wall time in seconds, spawn to reap. A benchmark diagnostic (GIL released).
+/// non-blocking reads of `buf_bytes`, the last `tail_bytes` kept in a ring; with
+/// `spill_path`, the first `spill_bytes` also written to that new file) and returns the
+/// wall time in seconds, spawn to reap. A benchmark diagnostic (GIL released).
 #[pyfunction]
-#[pyo3(signature = (argv, buf_bytes = 1048576, tail_bytes = 65536))]
+#[pyo3(signature = (argv, buf_bytes = 1048576, tail_bytes = 65536, spill_path = None, spill_bytes = 67108864))]
 pub fn bench_minimal_reader(
     py: Python<'_>,
     argv: Vec<String>,
     buf_bytes: usize,
     tail_bytes: usize,
+    spill_path: Option<PathBuf>,
+    spill_bytes: u64,
 ) -> PyResult<f64> {
     if argv.is_empty() {
         return Err(PyValueError::new_err("argv must not be empty"));
     }
+    let spill = match spill_path {
+        Some(path) => Some(FloorSpill {
+            file: OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(CoreError::Io)?,
+            cap: spill_bytes,
+        }),
+        None => None,
+    };
     let run = py
-        .detach(move || minimal_reader(&argv, buf_bytes, tail_bytes))
+        .detach(move || minimal_reader(&argv, buf_bytes, tail_bytes, spill))
         .map_err(CoreError::Io)?;
     Ok(run.elapsed.as_secs_f64())
 }
