@@ -3,7 +3,11 @@
 //! A small process per service holds the read end of a pipe whose only write end is the
 //! service's (close-on-exec, so no command inherits it). The service tells it, one line at
 //! a time, what to clean up: its cgroup parents, the process groups of session-contained
-//! calls, and a spill directory that is not kept. When the harness dies — any signal,
+//! calls, and a spill directory that is not kept. The process groups, one per call, go
+//! into a table the two share instead (a memfd, the keeper's fd 3): one `pwrite` when a
+//! call starts and one when it settles, without waking the keeper (a line on the pipe
+//! costs a wake-up of another process, ~20 us a call here); calls beyond the table's slots
+//! are told by line. When the harness dies — any signal,
 //! `SIGKILL` and `os._exit` included — the kernel closes the write end; the keeper reads
 //! EOF, kills every call cgroup (`cgroup.kill` on the service's parent covers every call
 //! and every descendant) and every live session group, removes the cgroups and the spill
@@ -13,16 +17,25 @@
 //! module from its file (no package import, no site) and calls `keeper_main(0)`: a maturin
 //! wheel ships one native library, and this reuses it instead of a second binary.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::sys::memfd::{memfd_create, MFdFlags};
+
 use crate::cgroup::remove_tree;
-use crate::spawn::{spawn, SpawnPlan};
+use crate::spawn::{spawn, SpawnPlan, SCRIPT_FD};
+
+/// Slots of the shared group table: that many session-contained calls at once are told
+/// without a line (64 KiB of memfd).
+const GROUP_SLOTS: usize = 16384;
+/// The most slots a keeper reads (a bound on what a line can make it allocate).
+const MAX_GROUP_SLOTS: usize = 1 << 20;
 
 /// How long the keeper waits for killed cgroups to empty before removing them.
 const EMPTY_WAIT: Duration = Duration::from_secs(2);
@@ -36,6 +49,8 @@ pub struct Duties {
     /// Trees the harness made for its commands and removes when their call settles.
     pub scratch: Vec<PathBuf>,
     pub groups: BTreeSet<libc::pid_t>,
+    /// The shared group table: its fd and slot count (`groups <fd> <slots>`).
+    pub table: Option<(RawFd, usize)>,
     pub exit: bool,
 }
 
@@ -60,9 +75,28 @@ impl Duties {
                     self.groups.remove(&pgid);
                 }
             }
+            "groups" => {
+                let mut words = arg.split(' ').map(str::parse::<usize>);
+                if let (Some(Ok(fd)), Some(Ok(slots)), None) =
+                    (words.next(), words.next(), words.next())
+                {
+                    if let Ok(fd) = RawFd::try_from(fd) {
+                        self.table = Some((fd, slots.min(MAX_GROUP_SLOTS)));
+                    }
+                }
+            }
             "exit" => self.exit = true,
             _ => {}
         }
+    }
+
+    /// Every session group to kill: those told by line and those in the shared table.
+    pub fn all_groups(&self) -> BTreeSet<libc::pid_t> {
+        let mut all = self.groups.clone();
+        if let Some((fd, slots)) = self.table {
+            all.extend(read_table(fd, slots));
+        }
+        all
     }
 
     /// The harness is gone: kill, wait briefly, remove.
@@ -70,8 +104,10 @@ impl Duties {
         for cg in &self.cgroups {
             let _ = fs::write(cg.join("cgroup.kill"), "1");
         }
-        for &pgid in &self.groups {
-            if pgid > 1 {
+        // SAFETY: getpgrp has no preconditions.
+        let own = unsafe { libc::getpgrp() };
+        for pgid in self.all_groups() {
+            if pgid > 1 && pgid != own {
                 // SAFETY: kill(2) has no memory-safety preconditions.
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
                 // The session's members that left the group (`set -m`, `setpgid`).
@@ -90,6 +126,91 @@ impl Duties {
         for tree in self.spills.iter().chain(&self.scratch) {
             let _ = fs::remove_dir_all(tree);
         }
+    }
+}
+
+/// The live pgids in a group table (zero slots are free).
+fn read_table(fd: RawFd, slots: usize) -> Vec<libc::pid_t> {
+    let mut buf = vec![0u8; slots * 4];
+    let mut off = 0;
+    while off < buf.len() {
+        // SAFETY: reads into the unfilled part of a live buffer of that length; `fd` is only
+        // read (a wrong fd yields an error or bytes, never memory unsafety).
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf[off..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - off,
+                off as libc::off_t,
+            )
+        };
+        if n > 0 {
+            off += n as usize;
+        } else if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            break;
+        }
+    }
+    buf[..off - off % 4]
+        .chunks_exact(4)
+        .map(|c| libc::pid_t::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .filter(|&pgid| pgid != 0)
+        .collect()
+}
+
+/// The harness's side of the group table.
+struct GroupTable {
+    file: fs::File,
+    slots: HashMap<libc::pid_t, u64>,
+    free: Vec<u64>,
+}
+
+impl GroupTable {
+    fn new(slots: usize) -> io::Result<Self> {
+        let fd = memfd_create(c"shellseam-keeper-groups", MFdFlags::MFD_CLOEXEC)?;
+        let file = fs::File::from(fd);
+        file.set_len((slots * 4) as u64)?;
+        Ok(Self {
+            file,
+            slots: HashMap::new(),
+            free: (0..slots as u64).rev().collect(),
+        })
+    }
+
+    /// Puts `pgid` in a free slot; false when none is left (or the write failed).
+    fn insert(&mut self, pgid: libc::pid_t) -> bool {
+        if self.slots.contains_key(&pgid) {
+            return true;
+        }
+        let Some(slot) = self.free.pop() else {
+            return false;
+        };
+        if self
+            .file
+            .write_all_at(&pgid.to_ne_bytes(), slot * 4)
+            .is_err()
+        {
+            self.free.push(slot);
+            return false;
+        }
+        self.slots.insert(pgid, slot);
+        true
+    }
+
+    /// Frees `pgid`'s slot; false when it has none (it was told by line).
+    fn remove(&mut self, pgid: libc::pid_t) -> bool {
+        let Some(slot) = self.slots.remove(&pgid) else {
+            return false;
+        };
+        // The slot's page was written when the pgid went in, so clearing it allocates
+        // nothing; should it fail all the same, the slot is never reused.
+        if self
+            .file
+            .write_all_at(&0i32.to_ne_bytes(), slot * 4)
+            .is_ok()
+        {
+            self.free.push(slot);
+        }
+        true
     }
 }
 
@@ -127,22 +248,28 @@ pub fn keeper_main(fd: i32) -> i32 {
     0
 }
 
-/// The harness's side: the pipe to a running keeper.
+/// The harness's side: the pipe to a running keeper, and the group table it shares.
 pub struct Keeper {
     pid: libc::pid_t,
     pidfd: OwnedFd,
     pipe: OwnedFd,
+    table: Option<GroupTable>,
 }
 
 impl Keeper {
     /// Starts `argv` (the bootstrap) as the keeper, its stdin the duty pipe.
     pub fn start(program: &CString, argv: Vec<CString>) -> io::Result<Self> {
-        let plan = SpawnPlan::new(
-            program.clone(),
-            argv,
-            std::sync::Arc::new(Vec::new()),
-            CString::new("/").unwrap_or_default(),
-        );
+        // No table (no memfd here): every group goes by line.
+        let table = GroupTable::new(GROUP_SLOTS).ok();
+        let plan = SpawnPlan {
+            script: table.as_ref().map(|t| t.file.as_raw_fd()),
+            ..SpawnPlan::new(
+                program.clone(),
+                argv,
+                std::sync::Arc::new(Vec::new()),
+                CString::new("/").unwrap_or_default(),
+            )
+        };
         let child = spawn(&plan).map_err(|e| io::Error::from_raw_os_error(e.errno))?;
         // Its stdout and stderr are not read: writes there fail with EPIPE (ignored).
         drop((child.pipes.stdout, child.pipes.stderr));
@@ -155,11 +282,30 @@ impl Keeper {
             crate::sys::reap_blocking(child.pid);
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         };
-        Ok(Self {
+        let keeper = Self {
             pid: child.pid,
             pidfd: child.pidfd,
             pipe,
-        })
+            table,
+        };
+        if keeper.table.is_some() {
+            keeper.send(&format!("groups {SCRIPT_FD} {GROUP_SLOTS}"));
+        }
+        Ok(keeper)
+    }
+
+    /// The keeper kills process group `pgid` (a session-contained call) if the harness dies.
+    pub fn group(&mut self, pgid: libc::pid_t) {
+        if !self.table.as_mut().is_some_and(|t| t.insert(pgid)) {
+            self.send(&format!("group {pgid}"));
+        }
+    }
+
+    /// The call of `pgid` settled: the keeper forgets the group.
+    pub fn ungroup(&mut self, pgid: libc::pid_t) {
+        if !self.table.as_mut().is_some_and(|t| t.remove(pgid)) {
+            self.send(&format!("ungroup {pgid}"));
+        }
     }
 
     pub fn pid(&self) -> libc::pid_t {
@@ -240,6 +386,55 @@ mod tests {
         assert!(!d.exit);
         d.apply("exit");
         assert!(d.exit);
+    }
+
+    #[test]
+    fn the_group_table_line_is_checked() {
+        let mut d = Duties::default();
+        for bad in [
+            "groups",
+            "groups 3",
+            "groups x 4",
+            "groups 3 4 5",
+            "groups -1 4",
+        ] {
+            d.apply(bad);
+            assert_eq!(d.table, None, "{bad}");
+        }
+        d.apply("groups 3 16384");
+        assert_eq!(d.table, Some((3, 16384)));
+        d.apply("groups 3 99999999999");
+        assert_eq!(d.table, Some((3, MAX_GROUP_SLOTS)));
+    }
+
+    #[test]
+    fn the_group_table_holds_live_groups_and_reuses_freed_slots() {
+        let mut t = GroupTable::new(3).expect("memfd");
+        let fd = t.file.as_raw_fd();
+        assert!(t.insert(101) && t.insert(102) && t.insert(103));
+        assert!(!t.insert(104), "full: the caller tells this one by line");
+        let mut d = Duties::default();
+        d.apply(&format!("groups {fd} 3"));
+        d.apply("group 104");
+        assert_eq!(
+            d.all_groups().into_iter().collect::<Vec<_>>(),
+            [101, 102, 103, 104]
+        );
+        assert!(t.remove(102));
+        assert!(!t.remove(104), "told by line: untold by line");
+        d.apply("ungroup 104");
+        assert_eq!(d.all_groups().into_iter().collect::<Vec<_>>(), [101, 103]);
+        assert!(t.insert(105), "the freed slot is used again");
+        assert_eq!(
+            d.all_groups().into_iter().collect::<Vec<_>>(),
+            [101, 103, 105]
+        );
+        // A keeper told more slots than the table has reads what is there.
+        d.apply(&format!("groups {fd} 100"));
+        assert_eq!(
+            d.all_groups().into_iter().collect::<Vec<_>>(),
+            [101, 103, 105]
+        );
     }
 
     #[test]

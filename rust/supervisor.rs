@@ -292,8 +292,7 @@ impl Service {
         };
         if contain.cgroup.is_none() {
             let pgid = child.pid;
-            self.shared
-                .tell_keeper(|k| k.send(&format!("group {pgid}")));
+            self.shared.tell_keeper(|k| k.group(pgid));
         }
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
         let first_cpu_check = contain.next_cpu_check;

@@ -176,7 +176,10 @@ def test_keeper_is_outside_the_call_and_holds_no_harness_fds(tmp_path: os.PathLi
         keeper = info["keeper"]
         assert isinstance(keeper, int)
         fds = os.listdir(f"/proc/{keeper}/fd")
-        assert sorted(int(fd) for fd in fds) == [0, 1, 2]  # its duty pipe and two dead ends
+        # Its duty pipe, two dead ends, and the group table it shares with the harness.
+        assert sorted(int(fd) for fd in fds) == [0, 1, 2, 3]
+        assert os.readlink(f"/proc/{keeper}/fd/3") == "/memfd:shellseam-keeper-groups (deleted)"
+        assert os.readlink(f"/proc/{keeper}/fd/0").startswith("pipe:")
         with open(f"/proc/{keeper}/cgroup") as f:
             assert "shellseam-" not in f.read()
         with open(f"/proc/{keeper}/stat") as f:
@@ -186,6 +189,36 @@ def test_keeper_is_outside_the_call_and_holds_no_harness_fds(tmp_path: os.PathLi
         proc.kill()
         proc.wait()
         kill_marked()
+
+
+def keeper_wakeups(keeper: int) -> int:
+    with open(f"/proc/{keeper}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def test_session_calls_reach_the_keeper_without_waking_it(tmp_path: os.PathLike[str]) -> None:
+    # Each session-contained call's group goes into the table the keeper shares (one
+    # pwrite in, one out), not onto its pipe: the keeper sleeps through the calls, and a
+    # harness killed during one still has that call's group killed (the death tests).
+    from shellseam import LocalShellExecutor, ShellExecRequest, SubprocessService
+
+    svc = SubprocessService(spill_parent=str(tmp_path))
+    ex = LocalShellExecutor(service=svc, containment="session")
+    try:
+        spec = ex.resolve(ShellExecRequest(command="true"))
+        ex.run_sync(spec)
+        keeper = svc.keeper_pid
+        assert keeper is not None
+        time.sleep(0.1)  # it has read what it was told at its start
+        before = keeper_wakeups(keeper)
+        for _ in range(20):
+            assert ex.run_sync(spec).exit_code == 0
+        assert keeper_wakeups(keeper) - before <= 2  # was 40: two lines a call
+    finally:
+        svc.dispose()
 
 
 def test_dispose_stops_the_keeper(tmp_path: os.PathLike[str]) -> None:

@@ -40,7 +40,7 @@ impl Shared {
     }
 
     /// Runs `f` with the keeper, starting it on first use (no keeper configured: no-op).
-    pub(super) fn tell_keeper(&self, f: impl FnOnce(&Keeper)) {
+    pub(super) fn tell_keeper(&self, f: impl FnOnce(&mut Keeper)) {
         let mut slot = lock(&self.keeper);
         if slot.running.is_none() {
             let Some((program, argv)) = slot.command.clone() else {
@@ -54,7 +54,7 @@ impl Shared {
                 }
             }
         }
-        if let Some(k) = &slot.running {
+        if let Some(k) = &mut slot.running {
             f(k);
         }
     }
@@ -132,7 +132,7 @@ impl Shared {
         self.unwatch_oom(contain);
         contain.reap_strays(pgid, leader_held);
         if contain.cgroup.is_none() {
-            self.tell_keeper(|k| k.send(&format!("ungroup {pgid}")));
+            self.tell_keeper(|k| k.ungroup(pgid));
         }
         release_leader();
         let (held, coming) = contain.left_behind();
