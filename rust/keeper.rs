@@ -159,6 +159,9 @@ fn read_table(fd: RawFd, slots: usize) -> Vec<libc::pid_t> {
 
 /// The harness's side of the group table.
 struct GroupTable {
+    /// The process that made it: a forked copy of the harness shares the memfd and must
+    /// never write the parent's slots.
+    owner: u32,
     file: fs::File,
     slots: HashMap<libc::pid_t, u64>,
     free: Vec<u64>,
@@ -170,6 +173,7 @@ impl GroupTable {
         let file = fs::File::from(fd);
         file.set_len((slots * 4) as u64)?;
         Ok(Self {
+            owner: std::process::id(),
             file,
             slots: HashMap::new(),
             free: (0..slots as u64).rev().collect(),
@@ -178,6 +182,9 @@ impl GroupTable {
 
     /// Puts `pgid` in a free slot; false when none is left (or the write failed).
     fn insert(&mut self, pgid: libc::pid_t) -> bool {
+        if std::process::id() != self.owner {
+            return false;
+        }
         if self.slots.contains_key(&pgid) {
             return true;
         }
@@ -198,6 +205,9 @@ impl GroupTable {
 
     /// Frees `pgid`'s slot; false when it has none (it was told by line).
     fn remove(&mut self, pgid: libc::pid_t) -> bool {
+        if std::process::id() != self.owner {
+            return true; // the parent's slot: not ours to clear
+        }
         let Some(slot) = self.slots.remove(&pgid) else {
             return false;
         };
@@ -435,6 +445,25 @@ mod tests {
             d.all_groups().into_iter().collect::<Vec<_>>(),
             [101, 103, 105]
         );
+    }
+
+    #[test]
+    fn a_forked_copy_never_writes_the_parents_table() {
+        let mut t = GroupTable::new(4).expect("memfd");
+        assert!(t.insert(201));
+        let fd = t.file.as_raw_fd();
+        // SAFETY: the child only runs the table calls (pwrite, getpid) and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let untouched = !t.insert(202) && t.remove(201);
+            // SAFETY: leaves the forked child at once.
+            unsafe { libc::_exit(if untouched { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert_eq!(read_table(fd, 4), [201]);
     }
 
     #[test]
