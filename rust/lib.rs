@@ -23,6 +23,7 @@ pub mod process;
 pub mod scrub;
 pub mod seccomp;
 pub mod spawn;
+pub mod spawn_queue;
 pub mod spawner;
 pub mod spill;
 pub mod supervisor;

@@ -1,18 +1,18 @@
-"""asyncio runs spawn on the service's fixed spawner pool while other runs are in flight.
+"""asyncio runs spawn on the service's native spawner threads while other runs are in flight.
 
 Under vfork semantics the spawning thread sleeps until its child has exec'd; with other runs
 in flight the loop must stay free meanwhile. A lone run (nothing of the service running)
 spawns inline: there is nothing to stall, and the two thread hand-offs would cost it about
 as much as the spawn. What users rely on: errors still arrive as ShellError from ``run``, a
-run cancelled while its spawn is in flight leaves nothing running, and the pool is a fixed
-number of threads that ``dispose`` takes down.
+run cancelled while its spawn is in flight leaves nothing running, and the spawners are a
+fixed number of threads that ``dispose`` takes down. Which thread spawned a child is the
+kernel's fact: ``/proc/self/task/<tid>/children``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 
 import pytest
@@ -22,8 +22,32 @@ from shellseam import LocalShellExecutor, ShellError, ShellExecRequest, Subproce
 from shellseam.service import SPAWNER_THREADS
 
 
-def _spawner_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("shellseam-spawn")]
+def _threads_named(name: str) -> set[int]:
+    tids = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    tids.add(int(tid))
+        except OSError:
+            continue
+    return tids
+
+
+def _spawning_threads() -> dict[int, str]:
+    """Each child of this process, with the name of the thread that spawned it."""
+    by_child = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        for child in children:
+            by_child[child] = name if int(tid) != os.getpid() else "main"
+    return by_child
 
 
 def test_spawn_errors_arrive_from_run(ex: LocalShellExecutor) -> None:
@@ -34,62 +58,63 @@ def test_spawn_errors_arrive_from_run(ex: LocalShellExecutor) -> None:
     assert "cannot change to the working directory /nonexistent/shellseam" in caught.value.reason
 
 
-def _recording(ex: LocalShellExecutor) -> list[str]:
-    """Names of the threads ``ex`` spawns on, from now on."""
-    spawned_on: list[str] = []
-    spawn = ex._spawn
+def test_a_queued_spawns_error_arrives_from_run(service: SubprocessService) -> None:
+    ex = LocalShellExecutor(service=service)
+    busy = ex.start(ex.resolve(ShellExecRequest(command="sleep 60")))  # so it is queued
+    spec = ex.resolve(ShellExecRequest(command="true", workdir="/nonexistent/shellseam"))
+    try:
+        with pytest.raises(ShellError) as caught:
+            asyncio.run(ex.run(spec))
+    finally:
+        busy.kill()
+        busy.wait_sync(10)
+    assert caught.value.code == "SPAWN_FAILED"
+    assert "cannot change to the working directory /nonexistent/shellseam" in caught.value.reason
 
-    def recording_spawn(*args: object, **kwargs: object) -> object:
-        spawned_on.append(threading.current_thread().name)
-        return spawn(*args, **kwargs)  # type: ignore[arg-type]
 
-    ex._spawn = recording_spawn  # type: ignore[assignment,method-assign]
-    return spawned_on
+def _batch_spawners(ex: LocalShellExecutor, n: int) -> tuple[list[str], list[str]]:
+    """Runs ``n`` commands at once; the spawning thread of each, and their output."""
+    seen: dict[int, str] = {}
+
+    async def main() -> list[str]:
+        runs = asyncio.gather(
+            *(ex.run(ex.resolve(ShellExecRequest(command="echo $$; sleep 0.5"))) for _ in range(n))
+        )
+        await asyncio.sleep(0.3)  # all spawned, none exited
+        seen.update(_spawning_threads())
+        return [r.stdout.text for r in await runs]
+
+    out = asyncio.run(main())
+    pids = [int(text.split()[0]) for text in out]
+    return [seen.get(pid, "?") for pid in pids], out
 
 
 def test_spawns_run_off_the_loop_thread(service: SubprocessService) -> None:
     ex = LocalShellExecutor(service=service)
-    spawned_on = _recording(ex)
-    before = {t.ident for t in _spawner_threads()}  # other services' pools
     # Something of the service runs all along (here a background command): every spawn
-    # then goes to the pool, however quickly the batch's own commands finish.
+    # then goes to the spawner threads, however quickly the batch's own commands finish.
     busy = ex.start(ex.resolve(ShellExecRequest(command="sleep 60")))
-
-    async def main() -> None:
-        results = await asyncio.gather(
-            *(ex.run(ex.resolve(ShellExecRequest(command="echo hi"))) for _ in range(16))
-        )
-        assert [r.stdout.text for r in results] == ["hi\n"] * 16
-
     try:
-        asyncio.run(main())
+        spawned_on, _ = _batch_spawners(ex, 16)
     finally:
         busy.kill()
         busy.wait_sync(10)
-    assert len(spawned_on) == 17
-    assert all(name.startswith("shellseam-spawn") for name in spawned_on[1:]), spawned_on
-    assert len([t for t in _spawner_threads() if t.ident not in before]) <= SPAWNER_THREADS
+    assert spawned_on == ["shellseam-spawn"] * 16
+    assert 1 <= len(_threads_named("shellseam-spawn")) <= SPAWNER_THREADS * 2  # + other services
 
 
 def test_a_lone_run_spawns_inline(service: SubprocessService) -> None:
     ex = LocalShellExecutor(service=service)
-    spawned_on = _recording(ex)
-
-    async def main() -> None:
-        for _ in range(3):
-            r = await ex.run(ex.resolve(ShellExecRequest(command="echo hi")))
-            assert r.stdout.text == "hi\n"
-
-    asyncio.run(main())
-    assert spawned_on == [threading.current_thread().name] * 3
-    # With a background command of the service running, the next run goes to the pool.
+    spawned_on, out = _batch_spawners(ex, 1)
+    assert spawned_on == ["main"], out
+    # With a background command of the service running, the next run is queued.
     bg = ex.start(ex.resolve(ShellExecRequest(command="sleep 30")))
     try:
-        asyncio.run(main())
+        spawned_on, out = _batch_spawners(ex, 1)
     finally:
         bg.kill()
         bg.wait_sync(10)
-    assert all(name.startswith("shellseam-spawn") for name in spawned_on[4:]), spawned_on
+    assert spawned_on == ["shellseam-spawn"], out
 
 
 def test_a_run_cancelled_during_its_spawn_leaves_nothing_running(
@@ -115,19 +140,19 @@ def test_a_run_cancelled_during_its_spawn_leaves_nothing_running(
     finally:
         busy.kill()
         busy.wait_sync(10)
-    # Let every spawn still queued or under way land (the pool's shutdown waits for them):
-    # each one that started must then be killed, well before its `sleep 30` could end
-    # (nothing here kills them for the test).
-    pool = service._spawners
-    assert pool is not None
-    pool.shutdown(wait=True)
+    # Every spawn still queued or under way lands, and each one that started must then be
+    # killed, well before its `sleep 30` could end (nothing here kills them for the test).
 
     def leftovers() -> list[tuple[int, str, int, int]]:
         return [p for p in proc_stats() if marker in _cmdline(p[0])]
 
+    def busy_still() -> bool:
+        return bool(service._supervisor.queued or service.running or leftovers())
+
     deadline = time.monotonic() + 15
-    while (service.running or leftovers()) and time.monotonic() < deadline:
+    while busy_still() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert service._supervisor.queued == 0
     assert service.running == 0
     assert leftovers() == []
 
@@ -143,20 +168,20 @@ def _cmdline(pid: int) -> str:
 def test_dispose_stops_the_spawner_threads() -> None:
     svc = SubprocessService()
     ex = LocalShellExecutor(service=svc)
-    before = {t.ident for t in _spawner_threads()}
+    before = _threads_named("shellseam-spawn")
 
-    async def two() -> None:  # the second spawns on the pool while the first runs
+    async def two() -> None:  # the second is queued while the first runs
         await asyncio.gather(
             *(ex.run(ex.resolve(ShellExecRequest(command="sleep 0.2"))) for _ in range(2))
         )
 
     asyncio.run(two())
-    ours = [t for t in _spawner_threads() if t.ident not in before]
+    ours = _threads_named("shellseam-spawn") - before
     assert 1 <= len(ours) <= SPAWNER_THREADS
     svc.dispose()
-    assert not any(t.is_alive() for t in ours)
-    # A disposed service refuses new runs with DISPOSED instead of starting a new pool.
+    assert not ours & _threads_named("shellseam-spawn")
+    # A disposed service refuses new runs with DISPOSED instead of starting new threads.
     with pytest.raises(ShellError) as caught:
         asyncio.run(ex.run(ex.resolve(ShellExecRequest(command="true"))))
     assert caught.value.code == "DISPOSED"
-    assert not [t for t in _spawner_threads() if t.ident not in before]
+    assert not _threads_named("shellseam-spawn") - before

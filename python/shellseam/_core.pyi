@@ -6,6 +6,7 @@ from typing import final
 from .types import CollectedOutput, ResourceLimits, ShellResources, ShellRunResult
 
 __all__ = [
+    "SPAWNER_THREADS",
     "CallLimits",
     "Collected",
     "Collector",
@@ -17,6 +18,7 @@ __all__ = [
     "NativeError",
     "Notifier",
     "Outcome",
+    "PendingSpawn",
     "Proc",
     "ReadDelta",
     "Resources",
@@ -320,6 +322,20 @@ class CallLimits:
     def open_files(self) -> int | None:
         """Open file descriptors per process (``RLIMIT_NOFILE``)."""
 
+#: Native spawner threads per service (``Supervisor.spawn_queued``).
+SPAWNER_THREADS: int
+
+@final
+class PendingSpawn:
+    @property
+    def done(self) -> bool:
+        """Whether the spawn is over (its process or error may be taken)."""
+    def take(self) -> Proc | None:
+        """The spawned process (raises the spawn's error), once; None before it is done."""
+    def abandon(self) -> bool:
+        """The caller gives up: True while the spawn is still to land (it is killed as it
+        lands and can still be taken), False when it is over."""
+
 @final
 class Supervisor:
     def __new__(
@@ -343,6 +359,9 @@ class Supervisor:
     @property
     def running(self) -> int: ...
     @property
+    def queued(self) -> int:
+        """Spawns ``spawn_queued`` took that are not over yet."""
+    @property
     def disposed(self) -> bool: ...
     @property
     def has_thread(self) -> bool: ...
@@ -363,6 +382,27 @@ class Supervisor:
         limits: CallLimits | None = None,
         cgroup: bool = True,
     ) -> Proc: ...
+    def spawn_queued(
+        self,
+        notifier: Notifier,
+        token: int,
+        *,
+        program: bytes,
+        argv: list[bytes],
+        cwd: bytes,
+        env: Env,
+        stdin: bytes,
+        stdout_cap: int,
+        stderr_cap: int,
+        spill_cap: int,
+        grace_ms: int,
+        ruleset: Ruleset | None = None,
+        script_fd: int | None = None,
+        limits: CallLimits | None = None,
+        cgroup: bool = True,
+    ) -> PendingSpawn:
+        """Queues ``spawn``'s spawn for a native spawner thread and returns at once;
+        ``token`` reaches ``notifier`` when it is done. ``script_fd`` is duplicated."""
     def run_shell(
         self,
         template: ShellTemplate,

@@ -185,9 +185,11 @@ class Confinement:
 _UNCONFINED = Confinement()
 
 
-def _abandon(spawned: tuple[ManagedProcess, Confinement]) -> None:
+def _abandon(proc: ManagedProcess | None, conf: Confinement) -> None:
     """A run cancelled while its spawn was under way: kill what started, settle it after."""
-    proc, conf = spawned
+    if proc is None:
+        conf.settle()
+        return
     proc.kill()
     proc.add_done_callback(conf.settle)
 
@@ -421,26 +423,26 @@ class LocalShellExecutor(ShellExecutor):
     def _spawn(self, spec: ShellExecSpec, stdout_cap: int) -> tuple[ManagedProcess, Confinement]:
         """Spawns the call; the caller settles the confinement when the call settles (a
         foreground call right after its wait, a background one from its done callback)."""
-        stdin, command = _encoded(spec)
-        conf = self._prepare(spec)
-        script_fd = None
+        conf, call, script_fd = self._spawn_call(spec, stdout_cap)
         try:
-            arg, script_fd = self._shell_arg(command)
-            proc = self.service.spawn(
-                program=self._shell_program,
-                argv=[self._shell_argv0, b"-c", arg],
-                cwd=spec.workdir,
-                env=self._child_env(spec, conf),
-                stdin=stdin,
-                stdout_cap=stdout_cap,
-                stderr_cap=self.max_output_bytes,
-                spill_cap=self.max_spill_bytes,
-                grace_ms=self.grace_ms,
-                ruleset=conf.ruleset,
-                script_fd=script_fd,
-                limits=spec.limits,
-                cgroup=self.containment == "auto",
-            )
+            return self.service.spawn(**call), conf
+        except BaseException:
+            conf.settle()
+            raise
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
+
+    async def _spawn_async(
+        self, spec: ShellExecSpec, stdout_cap: int
+    ) -> tuple[ManagedProcess, Confinement]:
+        """``_spawn`` for an event loop (``SubprocessService.spawn_async``). A caller
+        cancelled meanwhile leaves the confinement to the abandon callback."""
+        conf, call, script_fd = self._spawn_call(spec, stdout_cap)
+        try:
+            proc = await self.service.spawn_async(**call, abandon=lambda proc: _abandon(proc, conf))
+        except asyncio.CancelledError:
+            raise
         except BaseException:
             conf.settle()
             raise
@@ -448,6 +450,38 @@ class LocalShellExecutor(ShellExecutor):
             if script_fd is not None:
                 os.close(script_fd)
         return proc, conf
+
+    def _spawn_call(
+        self, spec: ShellExecSpec, stdout_cap: int
+    ) -> tuple[Confinement, dict[str, Any], int | None]:
+        """The confinement and ``SubprocessService.spawn`` arguments of a call, and a long
+        command's script fd, which the caller closes once the spawn is over."""
+        stdin, command = _encoded(spec)
+        conf = self._prepare(spec)
+        script_fd = None
+        try:
+            arg, script_fd = self._shell_arg(command)
+            call = {
+                "program": self._shell_program,
+                "argv": [self._shell_argv0, b"-c", arg],
+                "cwd": spec.workdir,
+                "env": self._child_env(spec, conf),
+                "stdin": stdin,
+                "stdout_cap": stdout_cap,
+                "stderr_cap": self.max_output_bytes,
+                "spill_cap": self.max_spill_bytes,
+                "grace_ms": self.grace_ms,
+                "ruleset": conf.ruleset,
+                "script_fd": script_fd,
+                "limits": spec.limits,
+                "cgroup": self.containment == "auto",
+            }
+        except BaseException:
+            if script_fd is not None:
+                os.close(script_fd)
+            conf.settle()
+            raise
+        return conf, call, script_fd
 
     def _run_foreground(self, spec: ShellExecSpec, values: dict[str, Any]) -> ShellRunResult:
         """Spawns, waits and collects the call in one native call
@@ -576,9 +610,7 @@ class LocalShellExecutor(ShellExecutor):
         check_spec(spec)
         if spec.signal is not None and spec.signal.aborted:
             return self._aborted_before_start(spec)
-        proc, conf = await self.service.spawn_off_loop(
-            lambda: self._spawn(spec, spec.stdout_max_bytes), _abandon
-        )
+        proc, conf = await self._spawn_async(spec, spec.stdout_max_bytes)
         deadline = Deadline(proc.kill)
         with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
             try:

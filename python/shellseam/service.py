@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
+import itertools
 import logging
 import os
 import signal
@@ -24,15 +24,21 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, TypeVar, cast
+from typing import TypeAlias, cast
 
 from . import _core
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_bool, config_int, config_path
-from .errors import DISPOSED, INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError, ShellErrorCode
+from .errors import (
+    DISPOSED,
+    INVALID_REQUEST,
+    SANDBOX_UNAVAILABLE,
+    SPAWN_FAILED,
+    ShellError,
+    ShellErrorCode,
+)
 from .types import CollectedOutput, ResourceLimits, ShellResources, ShellRunResult
 
 _log = logging.getLogger("shellseam")
-_T = TypeVar("_T")
 
 #: The native records a managed process reports (frozen, named fields).
 Outcome: TypeAlias = _core.Outcome
@@ -49,9 +55,12 @@ ShellTemplate: TypeAlias = _core.ShellTemplate
 NativeResources: TypeAlias = _core.Resources
 HostContainment: TypeAlias = _core.ContainmentFacts
 
-#: Threads that spawn for event loops (see ``spawn_off_loop``): a fixed pool per service,
-#: never one per call.
-SPAWNER_THREADS = 2
+#: Native threads that spawn for event loops (see ``spawn_async``): a fixed pool per
+#: service, never one per call.
+SPAWNER_THREADS: int = _core.SPAWNER_THREADS
+
+#: Tokens of queued spawns: above every process token, so one loop notifier serves both.
+_SPAWN_TOKEN_BASE = 1 << 63
 
 _STAGE_REASONS = {
     "chdir": "cannot change to the working directory",
@@ -379,8 +388,7 @@ class SubprocessService:
         self._callbacks: dict[int, list[Callable[[], None]]] = {}
         self._dispatch_notifier: _core.Notifier | None = None
         self._dispatcher: threading.Thread | None = None
-        self._spawners: concurrent.futures.ThreadPoolExecutor | None = None
-        self._spawners_pid = 0
+        self._spawn_tokens = itertools.count(_SPAWN_TOKEN_BASE)
 
     # -- facts -------------------------------------------------------------------------
 
@@ -526,60 +534,131 @@ class SubprocessService:
             raise _shell_error(err, cwd) from None
         return result
 
-    async def spawn_off_loop(self, spawn: Callable[[], _T], abandon: Callable[[_T], object]) -> _T:
-        """Runs ``spawn`` (a blocking call of ``spawn``) on one of the service's spawner
-        threads and awaits its result.
+    async def spawn_async(
+        self,
+        *,
+        program: bytes,
+        argv: Sequence[bytes],
+        cwd: str,
+        env: ChildEnv,
+        stdin: bytes,
+        stdout_cap: int,
+        stderr_cap: int,
+        spill_cap: int,
+        grace_ms: int,
+        ruleset: Ruleset | None = None,
+        script_fd: int | None = None,
+        limits: ResourceLimits | None = None,
+        cgroup: bool = True,
+        abandon: Callable[[ManagedProcess | None], object],
+    ) -> ManagedProcess:
+        """``spawn`` for an event loop: the spawn itself runs on one of the service's native
+        spawner threads, and the loop is woken through the eventfd it already watches.
 
         Under vfork semantics the spawning thread sleeps until its child has exec'd, and with
         many commands in flight the child first waits for a CPU: on the loop thread that
-        stalls every other run, one child at a time. When the caller is cancelled while the
-        spawn is under way, ``abandon`` gets what the spawn returned (it must kill it).
-
-        With nothing of this service running there is nothing to stall: the spawn then runs
-        inline, saving the two thread hand-offs (to a spawner and back to the loop) that
-        otherwise cost a lone call about as much as the spawn itself."""
+        stalls every other run, one child at a time. With nothing of this service running
+        there is nothing to stall: the spawn then runs inline, saving the two hand-offs.
+        When the caller is cancelled, ``abandon`` gets the process once it has started (the
+        core kills it as it lands) or None when the spawn failed; it must settle whatever
+        the caller prepared for the call."""
         if self._supervisor.running == 0:
-            return spawn()
-        pool = self._spawner_pool()
-        if pool is None:
-            return spawn()
+            return self.spawn(
+                program=program,
+                argv=argv,
+                cwd=cwd,
+                env=env,
+                stdin=stdin,
+                stdout_cap=stdout_cap,
+                stderr_cap=stderr_cap,
+                spill_cap=spill_cap,
+                grace_ms=grace_ms,
+                ruleset=ruleset,
+                script_fd=script_fd,
+                limits=limits,
+                cgroup=cgroup,
+            )
+        _check_caps(stdout_cap, stderr_cap, spill_cap, grace_ms)
+        cwd_bytes = _cwd_bytes(cwd)
+        loop = asyncio.get_running_loop()
+        waiters = self._waiters(loop)
+        token = next(self._spawn_tokens)
+        landed: asyncio.Future[None] = loop.create_future()
+        waiters.futures[token] = [landed]
         try:
-            pending = pool.submit(spawn)
-        except RuntimeError:  # shut down by a concurrent dispose: spawn raises DISPOSED
-            return spawn()
-        try:
-            return await asyncio.wrap_future(pending)
+            pending = self._supervisor.spawn_queued(
+                waiters.notifier,
+                token,
+                program=program,
+                argv=list(argv),
+                cwd=cwd_bytes,
+                env=env,
+                stdin=stdin,
+                stdout_cap=stdout_cap,
+                stderr_cap=stderr_cap,
+                spill_cap=spill_cap,
+                grace_ms=grace_ms,
+                ruleset=ruleset,
+                script_fd=script_fd,
+                limits=_call_limits(limits),
+                cgroup=cgroup,
+            )
+            if not pending.done:
+                await landed
         except asyncio.CancelledError:
-
-            def landed(done: concurrent.futures.Future[_T]) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    abandon(done.result())
-
-            pending.add_done_callback(landed)
+            waiters.futures.pop(token, None)
+            self._abandon_spawn(waiters, token, pending, abandon)
             raise
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        finally:
+            waiters.futures.pop(token, None)
+        try:
+            proc = pending.take()
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        if proc is None:  # not reached: the token comes once the spawn is over
+            raise ShellError(SPAWN_FAILED, "the queued spawn's result was taken twice")
+        return ManagedProcess(self, proc)
 
-    def _spawner_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
-        with self._lock:
-            if self.disposed:
-                return None
-            if self._spawners is None or self._spawners_pid != os.getpid():
-                # (A forked child inherits no threads: it gets a pool of its own.)
-                self._spawners = concurrent.futures.ThreadPoolExecutor(
-                    SPAWNER_THREADS, thread_name_prefix="shellseam-spawn"
-                )
-                self._spawners_pid = os.getpid()
-            return self._spawners
+    def _abandon_spawn(
+        self,
+        waiters: _LoopWaiters,
+        token: int,
+        pending: _core.PendingSpawn,
+        abandon: Callable[[ManagedProcess | None], object],
+    ) -> None:
+        """Hands a cancelled caller's spawn to ``abandon`` once it is over (at once if it
+        is). Should the loop close first, the core has killed the process all the same."""
+
+        def over(_: object = None) -> None:
+            try:
+                proc = pending.take()
+            except _core.NativeError:
+                proc = None
+            abandon(None if proc is None else ManagedProcess(self, proc))
+
+        if pending.abandon():
+            later: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiters.futures[token] = [later]
+            later.add_done_callback(over)
+        else:
+            over()
 
     # -- waiting -----------------------------------------------------------------------
+
+    def _waiters(self, loop: asyncio.AbstractEventLoop) -> _LoopWaiters:
+        waiters = self._loops.get(loop)
+        if waiters is None:
+            waiters = self._loops.setdefault(loop, _LoopWaiters(loop))
+        return waiters
 
     async def _wait_async(self, proc: _core.Proc) -> None:
         """Resolves when ``proc`` is done, woken by the loop's eventfd (no thread)."""
         if proc.done:
             return
         loop = asyncio.get_running_loop()
-        waiters = self._loops.get(loop)
-        if waiters is None:
-            waiters = self._loops.setdefault(loop, _LoopWaiters(loop))
+        waiters = self._waiters(loop)
         fut: asyncio.Future[None] = loop.create_future()
         waiters.futures.setdefault(proc.token, []).append(fut)
         proc.subscribe(waiters.notifier)
@@ -638,10 +717,6 @@ class SubprocessService:
         ``keep_spill``, which defaults to the service's setting)."""
         keep = self.keep_spill if keep_spill is None else keep_spill
         self._supervisor.dispose(keep_spill=keep)
-        with self._lock:
-            spawners, self._spawners = self._spawners, None
-        if spawners is not None and self._spawners_pid == os.getpid():
-            spawners.shutdown(wait=True)
         dispatcher = self._dispatcher
         if self._dispatch_notifier is not None:
             self._dispatch_notifier.wake()

@@ -142,6 +142,8 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervisor::Supervisor>()?;
     m.add_class::<proc::Proc>()?;
     m.add_class::<supervisor::ShellTemplate>()?;
+    m.add_class::<supervisor::PendingSpawn>()?;
+    m.add("SPAWNER_THREADS", crate::spawn_queue::SPAWNERS)?;
     m.add_class::<notifier::Notifier>()?;
     m.add_class::<ruleset::Ruleset>()?;
     m.add_class::<ruleset::RootCheck>()?;

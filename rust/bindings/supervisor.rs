@@ -1,5 +1,6 @@
 //! `_core.Supervisor`: one subprocess service.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,17 +10,51 @@ use pyo3::prelude::*;
 use super::contain::CallLimits;
 use super::cstring;
 use super::env::Env;
+use super::notifier::Notifier;
 use super::proc::Proc;
 use super::ruleset::Ruleset;
 use crate::errors::CoreError;
 use crate::process::{Proc as CoreProc, ProcConfig};
 use crate::spawn::SpawnPlan;
+use crate::spawn_queue::{PendingSpawn as CorePending, SpawnJob, SpawnQueue};
 use crate::supervisor::Service;
 
 /// The supervisor of one subprocess service.
 #[pyclass(frozen, module = "shellseam._core")]
 pub struct Supervisor {
     inner: Arc<Service>,
+    /// Spawner threads for `spawn_queued`, started on its first use.
+    queue: SpawnQueue,
+}
+
+/// A spawn queued by `Supervisor.spawn_queued`: done once its token reached the notifier.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct PendingSpawn {
+    inner: Arc<CorePending>,
+}
+
+#[pymethods]
+impl PendingSpawn {
+    /// Whether the spawn is over (its process or error may be taken).
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.is_done()
+    }
+
+    /// The spawned process (raises the spawn's error), once; None before it is done.
+    fn take(&self) -> PyResult<Option<Proc>> {
+        match self.inner.take() {
+            Some(Ok(proc)) => Ok(Some(Proc { inner: proc })),
+            Some(Err(err)) => Err(err.into()),
+            None => Ok(None),
+        }
+    }
+
+    /// The caller gives up: True while the spawn is still to land (the core kills it as it
+    /// lands; it can still be taken after), False when it is over.
+    fn abandon(&self) -> bool {
+        self.inner.abandon()
+    }
 }
 
 /// A shell executor's spawn settings that do not change from call to call, prepared once
@@ -75,12 +110,21 @@ struct Call<'a> {
 impl Supervisor {
     /// Spawns `call` (GIL released); `defer_watch`: the caller drives it from the start.
     fn start(&self, py: Python<'_>, call: Call<'_>, defer_watch: bool) -> PyResult<Arc<CoreProc>> {
+        let (mut plan, cfg) = plan_of(call, defer_watch)?;
+        let inner = Arc::clone(&self.inner);
+        Ok(py.detach(move || inner.spawn(&mut plan, cfg))?)
+    }
+}
+
+/// The native plan and settings of `call`.
+fn plan_of(call: Call<'_>, defer_watch: bool) -> PyResult<(SpawnPlan, ProcConfig)> {
+    {
         let argv = call
             .argv
             .into_iter()
             .map(|a| cstring(a, "an argument"))
             .collect::<PyResult<Vec<_>>>()?;
-        let mut plan = SpawnPlan {
+        let plan = SpawnPlan {
             confinement: call.ruleset.map(|r| Arc::clone(&r.inner)),
             script: call.script_fd,
             ..SpawnPlan::new(
@@ -101,8 +145,7 @@ impl Supervisor {
             cgroup: call.cgroup,
             defer_watch,
         };
-        let inner = Arc::clone(&self.inner);
-        Ok(py.detach(move || inner.spawn(&mut plan, cfg))?)
+        Ok((plan, cfg))
     }
 }
 
@@ -128,6 +171,7 @@ impl Supervisor {
         }
         Ok(Self {
             inner: Arc::new(service),
+            queue: SpawnQueue::default(),
         })
     }
 
@@ -171,6 +215,12 @@ impl Supervisor {
     #[getter]
     fn running(&self) -> usize {
         self.inner.running()
+    }
+
+    /// Spawns `spawn_queued` took that are not over yet.
+    #[getter]
+    fn queued(&self) -> usize {
+        self.queue.queued()
     }
 
     #[getter]
@@ -218,6 +268,64 @@ impl Supervisor {
         };
         let proc = self.start(py, call, false)?;
         Ok(Proc { inner: proc })
+    }
+
+    /// Queues the spawn `spawn` would make for one of the service's spawner threads and
+    /// returns at once; when it is done (spawned or failed), `token` is pushed to
+    /// `notifier`. `script_fd` is duplicated: the caller may close its own at once.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (notifier, token, *, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=None, cgroup=true))]
+    fn spawn_queued(
+        &self,
+        py: Python<'_>,
+        notifier: &Notifier,
+        token: u64,
+        program: Vec<u8>,
+        argv: Vec<Vec<u8>>,
+        cwd: Vec<u8>,
+        env: &Env,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        stderr_cap: usize,
+        spill_cap: u64,
+        grace_ms: u64,
+        ruleset: Option<&Ruleset>,
+        script_fd: Option<i32>,
+        limits: Option<&CallLimits>,
+        cgroup: bool,
+    ) -> PyResult<PendingSpawn> {
+        let script = script_fd
+            .map(|fd| {
+                // SAFETY: only borrowed for the duplication; the caller keeps its fd.
+                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                fd.try_clone_to_owned().map_err(CoreError::Io)
+            })
+            .transpose()?;
+        let call = Call {
+            program,
+            argv,
+            cwd,
+            env,
+            stdin,
+            caps: (stdout_cap, stderr_cap, spill_cap),
+            grace_ms,
+            ruleset,
+            script_fd: script.as_ref().map(|fd| fd.as_raw_fd()),
+            limits,
+            cgroup,
+        };
+        let (plan, cfg) = plan_of(call, false)?;
+        let pending = Arc::new(CorePending::default());
+        let job = SpawnJob {
+            plan,
+            cfg,
+            script,
+            pending: Arc::clone(&pending),
+            notifier: Arc::clone(&notifier.inner),
+            token,
+        };
+        py.detach(|| self.queue.submit(&self.inner, job));
+        Ok(PendingSpawn { inner: pending })
     }
 
     /// A foreground run in one call: spawns `<shell> -c <command>` with `template`'s
@@ -276,6 +384,8 @@ impl Supervisor {
     #[pyo3(signature = (keep_spill=false))]
     fn dispose(&self, py: Python<'_>, keep_spill: bool) {
         let inner = Arc::clone(&self.inner);
+        // Queued spawns land (or fail as disposed) and their threads end first.
+        py.detach(|| self.queue.stop());
         py.detach(move || inner.dispose(keep_spill));
     }
 }
