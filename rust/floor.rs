@@ -77,9 +77,11 @@ pub fn minimal_reader(
             match nix::unistd::read(&stdout, &mut buf) {
                 Ok(0) => break 'drain,
                 Ok(n) => {
-                    if let Some(spill) = spill.as_mut() {
-                        let room = spill.cap.saturating_sub(total).min(n as u64) as usize;
-                        spill.file.write_all(&buf[..room])?;
+                    if let Some(file) = spill.as_mut() {
+                        let room = file.cap.saturating_sub(total).min(n as u64) as usize;
+                        if file.file.write_all(&buf[..room]).is_err() {
+                            spill = None; // a full disk: the file keeps what it got
+                        }
                     }
                     ring_push(&mut ring, total, &buf[..n]);
                     total += n as u64;

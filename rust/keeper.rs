@@ -206,7 +206,7 @@ impl GroupTable {
     /// Frees `pgid`'s slot; false when it has none (it was told by line).
     fn remove(&mut self, pgid: libc::pid_t) -> bool {
         if std::process::id() != self.owner {
-            return true; // the parent's slot: not ours to clear
+            return false; // the parent's slot: not ours to clear (as `insert` refuses)
         }
         let Some(slot) = self.slots.remove(&pgid) else {
             return false;
@@ -455,7 +455,7 @@ mod tests {
         // SAFETY: the child only runs the table calls (pwrite, getpid) and exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            let untouched = !t.insert(202) && t.remove(201);
+            let untouched = !t.insert(202) && !t.remove(201);
             // SAFETY: leaves the forked child at once.
             unsafe { libc::_exit(if untouched { 0 } else { 1 }) };
         }

@@ -49,6 +49,8 @@ enum State {
 #[derive(Default)]
 pub struct PendingSpawn {
     state: Mutex<State>,
+    /// More notifiers to tell when the spawn is over (an abandoning caller's dispatcher).
+    also: Mutex<Vec<(Arc<Notifier>, u64)>>,
 }
 
 impl PendingSpawn {
@@ -85,12 +87,28 @@ impl PendingSpawn {
         }
     }
 
+    /// Also pushes `token` to `notifier` when the spawn is over (at once if it is).
+    pub fn subscribe(&self, notifier: Arc<Notifier>, token: u64) {
+        let state = lock(&self.state);
+        if matches!(*state, State::Ready(_) | State::Taken) {
+            drop(state);
+            notifier.push(token);
+            return;
+        }
+        lock(&self.also).push((notifier, token));
+    }
+
     fn complete(&self, result: Result<Arc<Proc>, CoreError>) {
         let mut state = lock(&self.state);
         if let (State::Abandoned, Ok(proc)) = (&*state, &result) {
             proc.kill();
         }
         *state = State::Ready(result);
+        let also = std::mem::take(&mut *lock(&self.also));
+        drop(state);
+        for (notifier, token) in also {
+            notifier.push(token);
+        }
     }
 }
 
@@ -100,10 +118,20 @@ struct Threads {
     owner: u32,
 }
 
+#[derive(Default)]
+enum Slot {
+    #[default]
+    Idle,
+    Running(Threads),
+    Stopped,
+}
+
 /// The spawner threads of one service, started on the first queued spawn.
 #[derive(Default)]
 pub struct SpawnQueue {
-    threads: Mutex<Option<Threads>>,
+    /// None before the first queued spawn; `Stopped` once `stop` ran (later spawns run on
+    /// the caller's thread, where a disposed service refuses them).
+    threads: Mutex<Slot>,
     /// Spawns queued or under way (not yet a process the service counts, nor failed).
     queued: Arc<AtomicUsize>,
 }
@@ -117,32 +145,37 @@ impl SpawnQueue {
     /// Queues `job` for `service`'s spawner threads (started now if need be). A job the
     /// queue cannot take is completed at once with the error, its token pushed.
     pub fn submit(&self, service: &Arc<Service>, job: SpawnJob) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
         let mut slot = lock(&self.threads);
-        if slot.as_ref().is_some_and(|t| t.owner != std::process::id()) {
+        if matches!(&*slot, Slot::Running(t) if t.owner != std::process::id()) {
             // A forked copy: the threads were the parent's (the service refuses to spawn
             // here anyway, and says so through the job).
-            *slot = None;
+            *slot = Slot::Idle;
         }
-        if slot.is_none() {
-            *slot = start(Arc::downgrade(service), Arc::clone(&self.queued)).ok();
+        if matches!(*slot, Slot::Idle) {
+            if let Ok(threads) = start(Arc::downgrade(service), Arc::clone(&self.queued)) {
+                *slot = Slot::Running(threads);
+            }
         }
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        let job = match slot.as_ref() {
-            Some(threads) => match threads.tx.send(job) {
+        let job = match &*slot {
+            Slot::Running(threads) => match threads.tx.send(job) {
                 Ok(()) => return,
                 Err(failed) => failed.0,
             },
-            None => job,
+            Slot::Idle | Slot::Stopped => job,
         };
         drop(slot);
-        // No spawner thread could start: the spawn runs here.
+        // No spawner thread (none could start, or the queue was stopped): the spawn runs
+        // here.
         run(Some(Arc::clone(service)), job);
         self.queued.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Ends the spawner threads once the queued spawns are done (never from one of them).
+    /// Ends the spawner threads once the queued spawns are done (never from one of them);
+    /// spawns submitted later run on their caller's thread.
     pub fn stop(&self) {
-        let Some(threads) = lock(&self.threads).take() else {
+        let Slot::Running(threads) = std::mem::replace(&mut *lock(&self.threads), Slot::Stopped)
+        else {
             return;
         };
         drop(threads.tx);
@@ -193,7 +226,11 @@ fn serve(rx: &Mutex<Receiver<SpawnJob>>, service: &Weak<Service>, queued: &Atomi
 
 fn run(service: Option<Arc<Service>>, mut job: SpawnJob) {
     let result = match &service {
-        Some(service) => service.spawn(&mut job.plan, job.cfg),
+        // A panic must not leave the caller waiting for a token that never comes.
+        Some(service) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            service.spawn(&mut job.plan, job.cfg)
+        }))
+        .unwrap_or_else(|_| Err(CoreError::Io(std::io::Error::other("the spawn panicked")))),
         None => Err(CoreError::Disposed),
     };
     drop(job.script);
@@ -291,6 +328,30 @@ mod tests {
         );
         queue.stop();
         service.dispose(false);
+    }
+
+    #[test]
+    fn a_stopped_queue_starts_no_threads_and_subscribers_hear_the_end() {
+        let dir = std::env::temp_dir();
+        let service = Arc::new(Service::new(dir, u64::MAX).expect("service"));
+        let queue = SpawnQueue::default();
+        queue.stop();
+        service.dispose(false);
+        let (notifier, other) = (
+            Arc::new(Notifier::new().expect("notifier")),
+            Arc::new(Notifier::new().expect("notifier")),
+        );
+        let j = job("true", &notifier, 11);
+        let pending = Arc::clone(&j.pending);
+        pending.subscribe(Arc::clone(&other), 12);
+        queue.submit(&service, j); // runs here: no thread
+        assert!(matches!(*lock(&queue.threads), Slot::Stopped));
+        assert_eq!(queue.queued(), 0);
+        wait_token(&notifier, 11);
+        wait_token(&other, 12);
+        pending.subscribe(Arc::clone(&other), 13); // over: told at once
+        wait_token(&other, 13);
+        assert!(matches!(pending.take(), Some(Err(CoreError::Disposed))));
     }
 
     #[test]

@@ -53,3 +53,10 @@ def test_an_existing_spill_file_is_refused(tmp_path: pathlib.Path) -> None:
     with pytest.raises(FileExistsError):
         _core.bench_minimal_reader(["true"], spill_path=path)
     assert path.read_bytes() == b"kept"
+
+
+def test_a_spawn_that_fails_leaves_no_spill_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "spill"
+    with pytest.raises(OSError):
+        _core.bench_minimal_reader(["/nonexistent/shellseam-floor"], spill_path=path)
+    assert not path.exists()

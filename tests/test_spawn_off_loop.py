@@ -185,3 +185,51 @@ def test_dispose_stops_the_spawner_threads() -> None:
         asyncio.run(ex.run(ex.resolve(ShellExecRequest(command="true"))))
     assert caught.value.code == "DISPOSED"
     assert not _threads_named("shellseam-spawn") - before
+
+
+def test_a_run_cancelled_while_queued_settles_its_confinement(tmp_path: os.PathLike[str]) -> None:
+    # A read-only call gets a private $TMPDIR in the spill parent, removed when the call
+    # settles: a run cancelled while its spawn was queued must settle it too, also when
+    # its loop closed before the spawn landed.
+    from shellseam import SandboxShellExecutor, landlock_abi
+
+    if landlock_abi() < 1:
+        pytest.skip("needs Landlock")
+    parent = os.path.join(tmp_path, "spill")
+    svc = SubprocessService(spill_parent=parent)
+    ws = os.path.join(tmp_path, "ws")
+    os.mkdir(ws)
+    ro = SandboxShellExecutor(mode="read-only", cwd=ws, service=svc)
+    busy = ro.start(ro.resolve(ShellExecRequest(command="sleep 60")))
+
+    def scratch() -> list[str]:
+        return sorted(d for d in os.listdir(parent) if d.startswith("tmp-"))
+
+    held = scratch()  # the background command's own
+    assert len(held) == 1
+
+    async def main() -> None:
+        tasks = [
+            asyncio.ensure_future(ro.run(ro.resolve(ShellExecRequest(command="sleep 30"))))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0)  # each has queued its spawn
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(main())  # the loop is gone before some spawns land
+        deadline = time.monotonic() + 15
+        while (svc._supervisor.queued or svc.running > 1 or scratch() != held) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert scratch() == held
+        assert svc.running == 1
+    finally:
+        busy.kill()
+        busy.wait_sync(10)
+        svc.dispose()

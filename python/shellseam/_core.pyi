@@ -335,6 +335,8 @@ class PendingSpawn:
     def abandon(self) -> bool:
         """The caller gives up: True while the spawn is still to land (it is killed as it
         lands and can still be taken), False when it is over."""
+    def subscribe(self, notifier: Notifier, token: int) -> None:
+        """Also pushes ``token`` to ``notifier`` when the spawn is over (at once if it is)."""
 
 @final
 class Supervisor:

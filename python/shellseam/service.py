@@ -603,14 +603,18 @@ class SubprocessService:
                 limits=_call_limits(limits),
                 cgroup=cgroup,
             )
+        except _core.NativeError as err:
+            waiters.futures.pop(token, None)
+            raise _shell_error(err, cwd) from None
+        except BaseException:
+            waiters.futures.pop(token, None)
+            raise
+        try:
             if not pending.done:
                 await landed
         except asyncio.CancelledError:
-            waiters.futures.pop(token, None)
-            self._abandon_spawn(waiters, token, pending, abandon)
+            self._abandon_spawn(token, pending, abandon)
             raise
-        except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
         finally:
             waiters.futures.pop(token, None)
         try:
@@ -623,27 +627,28 @@ class SubprocessService:
 
     def _abandon_spawn(
         self,
-        waiters: _LoopWaiters,
         token: int,
         pending: _core.PendingSpawn,
         abandon: Callable[[ManagedProcess | None], object],
     ) -> None:
-        """Hands a cancelled caller's spawn to ``abandon`` once it is over (at once if it
-        is). Should the loop close first, the core has killed the process all the same."""
+        """Hands a cancelled caller's spawn to ``abandon`` once it is over: at once if it
+        is, else on the service's callback thread, which does not depend on the caller's
+        loop (it may close first). The core kills the process as it lands meanwhile."""
 
-        def over(_: object = None) -> None:
+        def over() -> None:
             try:
                 proc = pending.take()
             except _core.NativeError:
                 proc = None
             abandon(None if proc is None else ManagedProcess(self, proc))
 
-        if pending.abandon():
-            later: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            waiters.futures[token] = [later]
-            later.add_done_callback(over)
-        else:
+        if not pending.abandon():
             over()
+            return
+        with self._lock:
+            notifier = self._ensure_dispatcher()
+            self._callbacks.setdefault(token, []).append(over)
+        pending.subscribe(notifier, token)
 
     # -- waiting -----------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ pub fn bench_minimal_reader(
     if argv.is_empty() {
         return Err(PyValueError::new_err("argv must not be empty"));
     }
-    let spill = match spill_path {
+    let spill = match &spill_path {
         Some(path) => Some(FloorSpill {
             file: OpenOptions::new()
                 .write(true)
@@ -42,9 +42,13 @@ pub fn bench_minimal_reader(
         }),
         None => None,
     };
-    let run = py
-        .detach(move || minimal_reader(&argv, buf_bytes, tail_bytes, spill))
-        .map_err(CoreError::Io)?;
+    let run = py.detach(move || minimal_reader(&argv, buf_bytes, tail_bytes, spill));
+    let run = run.map_err(|err| {
+        if let Some(path) = &spill_path {
+            let _ = std::fs::remove_file(path); // made for this run, which did not happen
+        }
+        CoreError::Io(err)
+    })?;
     Ok(run.elapsed.as_secs_f64())
 }
 

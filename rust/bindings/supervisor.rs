@@ -1,10 +1,11 @@
 //! `_core.Supervisor`: one subprocess service.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use super::contain::CallLimits;
@@ -54,6 +55,11 @@ impl PendingSpawn {
     /// lands; it can still be taken after), False when it is over.
     fn abandon(&self) -> bool {
         self.inner.abandon()
+    }
+
+    /// Also pushes `token` to `notifier` when the spawn is over (at once if it is).
+    fn subscribe(&self, notifier: &Notifier, token: u64) {
+        self.inner.subscribe(Arc::clone(&notifier.inner), token);
     }
 }
 
@@ -294,13 +300,24 @@ impl Supervisor {
         limits: Option<&CallLimits>,
         cgroup: bool,
     ) -> PyResult<PendingSpawn> {
-        let script = script_fd
-            .map(|fd| {
-                // SAFETY: only borrowed for the duplication; the caller keeps its fd.
-                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-                fd.try_clone_to_owned().map_err(CoreError::Io)
-            })
-            .transpose()?;
+        let script = match script_fd {
+            None => None,
+            Some(fd) if fd < 0 => {
+                return Err(PyValueError::new_err(format!(
+                    "script_fd must be an open fd, got {fd}"
+                )));
+            }
+            Some(fd) => {
+                // SAFETY: fcntl(F_DUPFD_CLOEXEC) on any int is memory-safe; a closed or
+                // foreign fd fails (EBADF) or is duplicated, never freed.
+                let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                if dup < 0 {
+                    return Err(CoreError::Io(std::io::Error::last_os_error()).into());
+                }
+                // SAFETY: `dup` is a fresh fd that nothing else owns.
+                Some(unsafe { OwnedFd::from_raw_fd(dup) })
+            }
+        };
         let call = Call {
             program,
             argv,
