@@ -450,8 +450,8 @@ fn ignored_by_sigaction() -> u64 {
     ignored
 }
 
-/// Whether clone3 exists here for a child outside any cgroup (until it was refused once
-/// with ENOSYS or EPERM: an old kernel, or a container runtime's filter).
+/// Whether clone3 exists here for a child outside any cgroup (until it said ENOSYS once:
+/// an old kernel, or a container runtime's filter).
 static CLONE3: AtomicBool = AtomicBool::new(true);
 
 /// The clone itself, with every signal blocked by the caller. clone3 whenever the kernel
@@ -488,9 +488,9 @@ fn clone_raw(
             return (ret as libc::pid_t, io::Error::from_raw_os_error(0));
         }
         let errno = (-ret) as i32;
-        // ENOSYS: no clone3 here (an old kernel, or a container runtime's filter; some
-        // filters answer EPERM instead, and clone then reports a real EPERM itself).
-        if errno != libc::ENOSYS && errno != libc::E2BIG && errno != libc::EPERM {
+        // ENOSYS: no clone3 here (an old kernel, or a container runtime's filter; glibc's
+        // own threads need such a filter to answer ENOSYS too, not EPERM).
+        if errno != libc::ENOSYS && errno != libc::E2BIG {
             return (-1, io::Error::from_raw_os_error(errno));
         }
         args.handlers_cleared = false;

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal as sig
+import subprocess
 import sys
 import threading
 import time
@@ -372,3 +373,47 @@ def test_a_forked_harness_resets_its_own_ignored_signals(
         assert got == f"SigIgn:\t{0:016x}\n"
     finally:
         svc.dispose()
+
+
+CLONE3_REFUSED = r"""
+import ctypes, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+# A container runtime's filter without clone3 (it answers ENOSYS, so that glibc's own
+# threads fall back to clone).
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, ENOSYS, NR_CLONE3 = 0x7FFF0000, 0x00050000, 38, 435
+prog = [
+    (BPF_LD_W_ABS, 0, 0, 0),
+    (BPF_JEQ_K, 0, 1, NR_CLONE3),
+    (BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+    (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+]
+raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+buf = ctypes.create_string_buffer(raw)
+fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
+fbuf = ctypes.create_string_buffer(fprog)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.addressof(fbuf), 0, 0) == 0, ctypes.get_errno()  # SECCOMP
+assert libc.syscall(NR_CLONE3, 0, 0) == -1 and ctypes.get_errno() == ENOSYS
+from shellseam import LocalShellExecutor, ShellExecRequest
+for mode in ("session", "auto"):
+    ex = LocalShellExecutor(containment=mode, cwd="/")
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="echo $0 ok")))
+    r2 = ex.run_sync(ex.resolve(ShellExecRequest(command="cat /proc/self/status")))
+    masks = [x for x in r2.stdout.text.splitlines() if x.startswith(("SigIgn", "SigCgt"))]
+    print(mode, r.exit_code, r.stdout.text.strip(), masks)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the filter's syscall number")
+def test_without_clone3_every_spawn_falls_back_to_clone() -> None:
+    # Every child is cloned with clone3 when the kernel has it (CLONE_CLEAR_SIGHAND, and
+    # CLONE_INTO_CGROUP with a cgroup); where clone3 answers ENOSYS, spawns use clone,
+    # with a cgroup joined by the child itself, and the handlers reset one by one.
+    out = subprocess.run(
+        [sys.executable, "-c", CLONE3_REFUSED], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    masks = r"['SigIgn:\t0000000000000000', 'SigCgt:\t0000000000000000']"
+    assert out.stdout == f"session 0 bash ok {masks}\nauto 0 bash ok {masks}\n"
