@@ -129,7 +129,7 @@ enum Slot {
 /// The spawner threads of one service, started on the first queued spawn.
 #[derive(Default)]
 pub struct SpawnQueue {
-    /// None before the first queued spawn; `Stopped` once `stop` ran (later spawns run on
+    /// `Idle` before the first queued spawn; `Stopped` once `stop` ran (later spawns run on
     /// the caller's thread, where a disposed service refuses them).
     threads: Mutex<Slot>,
     /// Spawns queued or under way (not yet a process the service counts, nor failed).
@@ -142,8 +142,9 @@ impl SpawnQueue {
         self.queued.load(Ordering::SeqCst)
     }
 
-    /// Queues `job` for `service`'s spawner threads (started now if need be). A job the
-    /// queue cannot take is completed at once with the error, its token pushed.
+    /// Queues `job` for `service`'s spawner threads (started now if need be). A job no
+    /// thread can take (none could start, or the queue was stopped) is run here, and its
+    /// token pushed before this returns.
     pub fn submit(&self, service: &Arc<Service>, job: SpawnJob) {
         self.queued.fetch_add(1, Ordering::SeqCst);
         let mut slot = lock(&self.threads);
