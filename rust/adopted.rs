@@ -19,6 +19,9 @@ use crate::kill::{all_children, read_proc, stat_of, task_children, zombie_childr
 
 /// How long after a call settles its late zombies are looked for.
 const LINGER: Duration = Duration::from_millis(500);
+/// How long at most for a session-contained call's, while its process group still has
+/// members: under load a killed orphan can take longer than `LINGER` to become a zombie.
+const LINGER_GROUP: Duration = Duration::from_secs(5);
 /// How often, meanwhile.
 pub(crate) const RESCAN: Duration = Duration::from_millis(20);
 
@@ -115,7 +118,17 @@ pub(crate) fn reap_strays(
 /// Settled calls whose late zombies are still being looked for.
 #[derive(Default)]
 pub(crate) struct Adopted {
-    pending: Vec<(Owner, Instant)>,
+    /// Whose zombies, until when, and until when at most while the owner has members.
+    pending: Vec<(Owner, Instant, Instant)>,
+}
+
+/// Whether a process group still has members (zombies included).
+fn group_has_members(owner: &Owner) -> bool {
+    match owner {
+        // SAFETY: kill(2) with signal 0 only checks; it has no memory-safety preconditions.
+        Owner::Group(pgid) if *pgid > 1 => unsafe { libc::kill(-*pgid, 0) == 0 },
+        _ => false,
+    }
 }
 
 impl Adopted {
@@ -126,7 +139,7 @@ impl Adopted {
         if !may_come && !is_subreaper() {
             return false;
         }
-        self.pending.push((owner, now + LINGER));
+        self.pending.push((owner, now + LINGER, now + LINGER_GROUP));
         self.reap(now)
     }
 
@@ -136,11 +149,13 @@ impl Adopted {
             return false;
         }
         for pid in zombie_children() {
-            if self.pending.iter().any(|(owner, _)| belongs(pid, owner)) {
+            if self.pending.iter().any(|(owner, _, _)| belongs(pid, owner)) {
                 reap(pid);
             }
         }
-        self.pending.retain(|(_, until)| *until > now);
+        self.pending.retain(|(owner, until, at_most)| {
+            *until > now || (*at_most > now && group_has_members(owner))
+        });
         !self.pending.is_empty()
     }
 }
@@ -182,6 +197,41 @@ mod tests {
         // SAFETY: reaps our own child.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn a_group_whose_member_dies_late_is_still_looked_after() {
+        // A session call's killed orphan that becomes a zombie only after `LINGER` (an exit
+        // slowed by load): its group still has the member, so its zombie is still reaped.
+        let member = fork(|| {
+            // SAFETY: as in `fork`; then waits to be killed.
+            unsafe {
+                libc::setpgid(0, 0);
+                loop {
+                    libc::pause();
+                }
+            }
+        });
+        while crate::kill::pgrp_of(member) != Some(member) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start = Instant::now();
+        let mut adopted = Adopted::default();
+        assert!(adopted.settled(Owner::Group(member), true, start));
+        let late = start + LINGER + Duration::from_millis(100);
+        assert!(
+            adopted.reap(late),
+            "a live member keeps the group looked after"
+        );
+        // SAFETY: kills our own child.
+        unsafe { libc::kill(member, libc::SIGKILL) };
+        until_zombie(member);
+        assert!(!adopted.reap(late), "its zombie reaped, the group is done");
+        assert!(stat_of(member).is_none(), "reaped");
+        assert!(
+            !adopted.reap(start + LINGER_GROUP),
+            "never past LINGER_GROUP"
+        );
     }
 
     #[test]
