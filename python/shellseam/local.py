@@ -47,6 +47,7 @@ from .service import (
     ManagedProcess,
     Ruleset,
     ShellTemplate,
+    SpawnArgs,
     SubprocessService,
     default_service,
 )
@@ -453,7 +454,7 @@ class LocalShellExecutor(ShellExecutor):
 
     def _spawn_call(
         self, spec: ShellExecSpec, stdout_cap: int
-    ) -> tuple[Confinement, dict[str, Any], int | None]:
+    ) -> tuple[Confinement, SpawnArgs, int | None]:
         """The confinement and ``SubprocessService.spawn`` arguments of a call, and a long
         command's script fd, which the caller closes once the spawn is over."""
         stdin, command = _encoded(spec)
@@ -461,7 +462,7 @@ class LocalShellExecutor(ShellExecutor):
         script_fd = None
         try:
             arg, script_fd = self._shell_arg(command)
-            call = {
+            call: SpawnArgs = {
                 "program": self._shell_program,
                 "argv": [self._shell_argv0, b"-c", arg],
                 "cwd": spec.workdir,

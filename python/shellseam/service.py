@@ -24,7 +24,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeAlias, cast
+from typing import Any, Required, TypeAlias, TypedDict, Unpack, cast
 
 from . import _core
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_bool, config_int, config_path
@@ -54,6 +54,26 @@ ShellTemplate: TypeAlias = _core.ShellTemplate
 #: Containment facts of a settled call, and of the host.
 NativeResources: TypeAlias = _core.Resources
 HostContainment: TypeAlias = _core.ContainmentFacts
+
+
+class SpawnArgs(TypedDict, total=False):
+    """What ``SubprocessService.spawn`` and ``spawn_async`` take: one process group's
+    program, argv, working directory, environment, stdin, caps, grace and containment."""
+
+    program: Required[bytes]
+    argv: Required[Sequence[bytes]]
+    cwd: Required[str]
+    env: Required[ChildEnv]
+    stdin: Required[bytes]
+    stdout_cap: Required[int]
+    stderr_cap: Required[int]
+    spill_cap: Required[int]
+    grace_ms: Required[int]
+    ruleset: Ruleset | None
+    script_fd: int | None
+    limits: ResourceLimits | None
+    cgroup: bool
+
 
 #: Native threads that spawn for event loops (see ``spawn_async``): a fixed pool per
 #: service, never one per call.
@@ -106,6 +126,17 @@ _core.register_result_types(
 #: The core record of the limits converted last (a call's limits are almost always its
 #: executor's: the same object every call).
 _LAST_LIMITS: tuple[ResourceLimits | None, _core.CallLimits | None] = (None, None)
+
+
+def _native_args(call: SpawnArgs) -> dict[str, Any]:
+    """``call`` as the core's spawns take it, its caps and grace checked first."""
+    _check_caps(call["stdout_cap"], call["stderr_cap"], call["spill_cap"], call["grace_ms"])
+    return {
+        **call,
+        "argv": list(call["argv"]),
+        "cwd": _cwd_bytes(call["cwd"]),
+        "limits": _call_limits(call.get("limits")),
+    }
 
 
 def _check_caps(stdout_cap: int, stderr_cap: int, spill_cap: int, grace_ms: int) -> None:
@@ -439,47 +470,16 @@ class SubprocessService:
 
     # -- spawning ----------------------------------------------------------------------
 
-    def spawn(
-        self,
-        *,
-        program: bytes,
-        argv: Sequence[bytes],
-        cwd: str,
-        env: ChildEnv,
-        stdin: bytes,
-        stdout_cap: int,
-        stderr_cap: int,
-        spill_cap: int,
-        grace_ms: int,
-        ruleset: Ruleset | None = None,
-        script_fd: int | None = None,
-        limits: ResourceLimits | None = None,
-        cgroup: bool = True,
-    ) -> ManagedProcess:
+    def spawn(self, **call: Unpack[SpawnArgs]) -> ManagedProcess:
         """Spawns one process group; raises ``ShellError`` with an exact reason.
 
         Caps and grace are checked here (``ValueError``/``TypeError`` naming them), so that
         no value reaches the core as an overflow."""
-        _check_caps(stdout_cap, stderr_cap, spill_cap, grace_ms)
-        cwd_bytes = _cwd_bytes(cwd)
+        native = _native_args(call)
         try:
-            proc = self._supervisor.spawn(
-                program=program,
-                argv=list(argv),
-                cwd=cwd_bytes,
-                env=env,
-                stdin=stdin,
-                stdout_cap=stdout_cap,
-                stderr_cap=stderr_cap,
-                spill_cap=spill_cap,
-                grace_ms=grace_ms,
-                ruleset=ruleset,
-                script_fd=script_fd,
-                limits=_call_limits(limits),
-                cgroup=cgroup,
-            )
+            proc = self._supervisor.spawn(**native)
         except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
+            raise _shell_error(err, call["cwd"]) from None
         return ManagedProcess(self, proc)
 
     def shell_template(
@@ -535,22 +535,7 @@ class SubprocessService:
         return result
 
     async def spawn_async(
-        self,
-        *,
-        program: bytes,
-        argv: Sequence[bytes],
-        cwd: str,
-        env: ChildEnv,
-        stdin: bytes,
-        stdout_cap: int,
-        stderr_cap: int,
-        spill_cap: int,
-        grace_ms: int,
-        ruleset: Ruleset | None = None,
-        script_fd: int | None = None,
-        limits: ResourceLimits | None = None,
-        cgroup: bool = True,
-        abandon: Callable[[ManagedProcess | None], object],
+        self, *, abandon: Callable[[ManagedProcess | None], object], **call: Unpack[SpawnArgs]
     ) -> ManagedProcess:
         """``spawn`` for an event loop: the spawn itself runs on one of the service's native
         spawner threads, and the loop is woken through the eventfd it already watches.
@@ -563,52 +548,19 @@ class SubprocessService:
         core kills it as it lands) or None when the spawn failed; it must settle whatever
         the caller prepared for the call."""
         if self._supervisor.running == 0:
-            return self.spawn(
-                program=program,
-                argv=argv,
-                cwd=cwd,
-                env=env,
-                stdin=stdin,
-                stdout_cap=stdout_cap,
-                stderr_cap=stderr_cap,
-                spill_cap=spill_cap,
-                grace_ms=grace_ms,
-                ruleset=ruleset,
-                script_fd=script_fd,
-                limits=limits,
-                cgroup=cgroup,
-            )
-        _check_caps(stdout_cap, stderr_cap, spill_cap, grace_ms)
-        cwd_bytes = _cwd_bytes(cwd)
+            return self.spawn(**call)
+        native = _native_args(call)
+        cwd = call["cwd"]
         loop = asyncio.get_running_loop()
         waiters = self._waiters(loop)
         token = next(self._spawn_tokens)
+        try:
+            pending = self._supervisor.spawn_queued(waiters.notifier, token, **native)
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        # Registered before this coroutine yields, so before the loop can take the token.
         landed: asyncio.Future[None] = loop.create_future()
         waiters.futures[token] = [landed]
-        try:
-            pending = self._supervisor.spawn_queued(
-                waiters.notifier,
-                token,
-                program=program,
-                argv=list(argv),
-                cwd=cwd_bytes,
-                env=env,
-                stdin=stdin,
-                stdout_cap=stdout_cap,
-                stderr_cap=stderr_cap,
-                spill_cap=spill_cap,
-                grace_ms=grace_ms,
-                ruleset=ruleset,
-                script_fd=script_fd,
-                limits=_call_limits(limits),
-                cgroup=cgroup,
-            )
-        except _core.NativeError as err:
-            waiters.futures.pop(token, None)
-            raise _shell_error(err, cwd) from None
-        except BaseException:
-            waiters.futures.pop(token, None)
-            raise
         try:
             if not pending.done:
                 await landed
@@ -642,13 +594,9 @@ class SubprocessService:
                 proc = None
             abandon(None if proc is None else ManagedProcess(self, proc))
 
-        if not pending.abandon():
-            over()
-            return
-        with self._lock:
-            notifier = self._ensure_dispatcher()
-            self._callbacks.setdefault(token, []).append(over)
-        pending.subscribe(notifier, token)
+        self._when_done(
+            token, lambda: not pending.abandon(), lambda n: pending.subscribe(n, token), over
+        )
 
     # -- waiting -----------------------------------------------------------------------
 
@@ -678,11 +626,22 @@ class SubprocessService:
 
     def _add_done_callback(self, proc: _core.Proc, cb: Callable[[], None]) -> None:
         """Runs ``cb`` once ``proc`` is done: at once if it is, else on the dispatcher."""
+        self._when_done(proc.token, lambda: proc.done, proc.subscribe, cb)
+
+    def _when_done(
+        self,
+        token: int,
+        done: Callable[[], bool],
+        subscribe: Callable[[_core.Notifier], None],
+        cb: Callable[[], None],
+    ) -> None:
+        """Runs ``cb`` at once if ``done()``, else on the dispatcher once ``token`` reaches
+        the notifier given to ``subscribe``."""
         with self._lock:
-            if not proc.done:
+            if not done():
                 notifier = self._ensure_dispatcher()
-                self._callbacks.setdefault(proc.token, []).append(cb)
-                proc.subscribe(notifier)
+                self._callbacks.setdefault(token, []).append(cb)
+                subscribe(notifier)
                 return
         cb()
 
