@@ -271,6 +271,14 @@ mod tests {
         }
     }
 
+    fn service() -> Arc<Service> {
+        Arc::new(Service::new(std::env::temp_dir(), u64::MAX).expect("service"))
+    }
+
+    fn notifier() -> Arc<Notifier> {
+        Arc::new(Notifier::new().expect("notifier"))
+    }
+
     fn wait_token(notifier: &Notifier, token: u64) {
         for _ in 0..100 {
             if notifier
@@ -285,10 +293,9 @@ mod tests {
 
     #[test]
     fn queued_spawns_land_and_push_their_tokens() {
-        let dir = std::env::temp_dir();
-        let service = Arc::new(Service::new(dir, u64::MAX).expect("service"));
+        let service = service();
         let queue = SpawnQueue::default();
-        let notifier = Arc::new(Notifier::new().expect("notifier"));
+        let notifier = notifier();
         let jobs: Vec<_> = (0..6)
             .map(|i| {
                 let j = job("echo hi", &notifier, 1000 + i);
@@ -312,10 +319,9 @@ mod tests {
 
     #[test]
     fn an_abandoned_spawn_is_killed_as_it_lands() {
-        let dir = std::env::temp_dir();
-        let service = Arc::new(Service::new(dir, u64::MAX).expect("service"));
+        let service = service();
         let queue = SpawnQueue::default();
-        let notifier = Arc::new(Notifier::new().expect("notifier"));
+        let notifier = notifier();
         let j = job("sleep 30", &notifier, 7);
         let pending = Arc::clone(&j.pending);
         assert!(pending.abandon(), "nothing landed yet");
@@ -333,15 +339,11 @@ mod tests {
 
     #[test]
     fn a_stopped_queue_starts_no_threads_and_subscribers_hear_the_end() {
-        let dir = std::env::temp_dir();
-        let service = Arc::new(Service::new(dir, u64::MAX).expect("service"));
+        let service = service();
         let queue = SpawnQueue::default();
         queue.stop();
         service.dispose(false);
-        let (notifier, other) = (
-            Arc::new(Notifier::new().expect("notifier")),
-            Arc::new(Notifier::new().expect("notifier")),
-        );
+        let (notifier, other) = (notifier(), notifier());
         let j = job("true", &notifier, 11);
         let pending = Arc::clone(&j.pending);
         pending.subscribe(Arc::clone(&other), 12);
@@ -357,11 +359,10 @@ mod tests {
 
     #[test]
     fn a_disposed_service_fails_queued_spawns() {
-        let dir = std::env::temp_dir();
-        let service = Arc::new(Service::new(dir, u64::MAX).expect("service"));
+        let service = service();
         service.dispose(false);
         let queue = SpawnQueue::default();
-        let notifier = Arc::new(Notifier::new().expect("notifier"));
+        let notifier = notifier();
         let j = job("true", &notifier, 9);
         let pending = Arc::clone(&j.pending);
         queue.submit(&service, j);
