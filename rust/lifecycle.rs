@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::contain::CpuCheck;
 use crate::forksafe::ForkClosed;
 use crate::pipes::{Drain, OutStream};
-use crate::process::{LeaderExit, Proc, ProcState};
+use crate::process::{Cause, LeaderExit, Proc, ProcState};
 use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
 
 /// How often the group of a process in its Reaping phase is polled (no event exists for
@@ -71,7 +71,26 @@ impl Timers {
             _ => None,
         }
     }
+
+    /// Whether the heap holds enough timers for `compact` to look at them: a caller's
+    /// timeout stays in the heap after its process ended (removing it then would cost a
+    /// search per call), and an event loop running thousands of calls a minute with the
+    /// default two-minute timeout would otherwise keep them all.
+    pub fn crowded(&self) -> bool {
+        self.heap.len() > COMPACT_ABOVE
+    }
+
+    /// Drops the timers of processes that are gone once they outnumber the `live` ones
+    /// several times over.
+    pub fn compact(&mut self, live: usize, is_live: impl Fn(u64) -> bool) {
+        if self.heap.len() > COMPACT_ABOVE.max(live.saturating_mul(4)) {
+            self.heap.retain(|Reverse((_, token))| is_live(*token));
+        }
+    }
 }
+
+/// Timers below which `Timers::compact` never bothers.
+const COMPACT_ABOVE: usize = 1024;
 
 fn stream(st: &mut ProcState, is_out: bool) -> &mut OutStream {
     if is_out {
@@ -247,6 +266,14 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
     if st.phase == Phase::Done {
         return;
     }
+    if st.timeout_at.is_some_and(|at| at <= now) {
+        // The caller's timeout (`Proc::arm_timeout`): killed as the caller would.
+        st.timeout_at = None;
+        st.cause.get_or_insert(Cause::Timeout);
+        if let Some(at) = proc.request_kill(st) {
+            proc.shared.add_timer(at, proc.token, false);
+        }
+    }
     if st.kill_at.is_some_and(|at| at <= now) {
         st.kill_at = None;
         st.contain.signal(proc.pid, libc::SIGKILL);
@@ -309,8 +336,9 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     st.kill_at = None;
     // Out of the live set before anyone is woken: a woken waiter sees `running` without it.
     lock(&proc.shared.live).remove(&proc.token);
-    for notifier in st.subscribers.drain(..) {
-        notifier.push(proc.token);
+    st.timeout_at = None;
+    for (notifier, token) in st.subscribers.drain(..) {
+        notifier.push(token);
     }
     proc.done.notify_all();
 }
@@ -326,6 +354,26 @@ mod tests {
         assert_eq!(
             after(now, Duration::from_millis(5)),
             now + Duration::from_millis(5)
+        );
+    }
+
+    #[test]
+    fn compaction_keeps_the_timers_of_live_processes() {
+        let now = Instant::now();
+        let mut t = Timers::default();
+        t.extend((0..2000u64).map(|i| (now + Duration::from_secs(i), i)));
+        assert!(t.crowded());
+        t.compact(10, |token| token % 2 == 0);
+        assert_eq!(t.heap.len(), 1000, "dead ones dropped once they are many");
+        assert!(!t.crowded());
+        t.compact(10, |_| false);
+        assert_eq!(t.heap.len(), 1000, "few timers: left alone");
+        t.extend((0..1000u64).map(|i| (now, i)));
+        t.compact(600, |_| false);
+        assert_eq!(
+            t.heap.len(),
+            2000,
+            "not many more than live processes: left alone"
         );
     }
 

@@ -46,6 +46,13 @@ pub struct Outcome {
     pub exit_status_unknown: bool,
 }
 
+/// Why a caller had the call killed (the result says `timed_out` or `aborted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    Timeout,
+    Abort,
+}
+
 /// What became of the group leader.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum LeaderExit {
@@ -71,7 +78,12 @@ pub(crate) struct ProcState {
     pub leftover_killed: u32,
     pub started: Instant,
     pub finished: Option<Instant>,
-    pub subscribers: Vec<Arc<Notifier>>,
+    /// Told when the process is done: each notifier gets its token.
+    pub subscribers: Vec<(Arc<Notifier>, u64)>,
+    /// The caller's timeout, when the supervisor keeps it (`arm_timeout`).
+    pub timeout_at: Option<Instant>,
+    /// Why the call was killed, when its caller's timeout or abort did it: the first wins.
+    pub cause: Option<Cause>,
     pub grace: Duration,
     pub contain: CallContainment,
     /// The call's limits, for its verdict (see `verdict.rs`).
@@ -129,6 +141,8 @@ impl Proc {
                 started,
                 finished: None,
                 subscribers: Vec::new(),
+                timeout_at: None,
+                cause: None,
                 grace: cfg.grace,
                 contain,
                 limits: cfg.limits,
@@ -156,8 +170,35 @@ impl Proc {
             return false;
         }
         let mut st = lock(&self.state);
-        if st.phase == Phase::Done || st.kill_requested {
+        let Some(at) = self.request_kill(&mut st) else {
             return false;
+        };
+        drop(st);
+        self.shared.add_timer(at, self.token, true);
+        true
+    }
+
+    /// `kill` for `cause`, which the call keeps unless another came first or it is done.
+    pub fn kill_for(&self, cause: Cause) -> bool {
+        {
+            let mut st = lock(&self.state);
+            if st.phase != Phase::Done {
+                st.cause.get_or_insert(cause);
+            }
+        }
+        self.kill()
+    }
+
+    /// Why the call was killed by its caller's timeout or abort, if it was.
+    pub fn cause(&self) -> Option<Cause> {
+        lock(&self.state).cause
+    }
+
+    /// The kill under the process lock: signals the call and returns when its SIGKILL is
+    /// due (a timer the caller adds), None when done already or a kill is under way.
+    pub(crate) fn request_kill(&self, st: &mut ProcState) -> Option<Instant> {
+        if st.phase == Phase::Done || st.kill_requested {
+            return None;
         }
         st.kill_requested = true;
         let escaped = st.contain.terminate(self.pid);
@@ -166,9 +207,21 @@ impl Proc {
             .saturating_add(u32::try_from(escaped).unwrap_or(u32::MAX));
         let at = after(Instant::now(), st.grace);
         st.kill_at = Some(at);
-        drop(st);
+        Some(at)
+    }
+
+    /// Has the supervisor kill the call for `Cause::Timeout` once `timeout` has passed
+    /// (a caller that does not wait in a thread of its own: an event loop).
+    pub fn arm_timeout(&self, timeout: Duration) {
+        let at = after(Instant::now(), timeout);
+        {
+            let mut st = lock(&self.state);
+            if st.phase == Phase::Done {
+                return;
+            }
+            st.timeout_at = Some(at);
+        }
         self.shared.add_timer(at, self.token, true);
-        true
     }
 
     /// Waits until the process is done; false when `timeout` passed first.
@@ -231,12 +284,17 @@ impl Proc {
 
     /// Queues this process's token on `notifier` when it finishes (at once if it has).
     pub fn subscribe(&self, notifier: Arc<Notifier>) {
+        self.subscribe_as(notifier, self.token);
+    }
+
+    /// Queues `token` on `notifier` when this process finishes (at once if it has).
+    pub fn subscribe_as(&self, notifier: Arc<Notifier>, token: u64) {
         let mut st = lock(&self.state);
         if st.phase == Phase::Done {
             drop(st);
-            notifier.push(self.token);
+            notifier.push(token);
         } else {
-            st.subscribers.push(notifier);
+            st.subscribers.push((notifier, token));
         }
     }
 

@@ -1,22 +1,26 @@
-//! Spawns for event loops, off the loop thread and without the GIL.
+//! Foreground runs for event loops: spawned off the loop thread and without the GIL, then
+//! waited for by the supervisor.
 //!
 //! Under vfork semantics the spawning thread sleeps until its child has exec'd; with many
 //! commands in flight the child first waits for a CPU, and a loop thread spawning itself
-//! would stall every other run with it. An asyncio `run` therefore prepares its spawn on the
-//! loop thread and queues it here: one of two native spawner threads spawns it and pushes
-//! the caller's token to the loop's notifier (the eventfd the loop already watches for
-//! exits). Nothing of Python runs on these threads: no GIL to win back, no futures to chain,
-//! no self-pipe write per spawn (a Python thread pool cost ~120 us of CPU per spawn here).
+//! would stall every other run with it. An asyncio `run` therefore prepares its call on the
+//! loop thread and queues it here: one of two native spawner threads spawns it, the
+//! supervisor drives it (and kills it when the caller's timeout passes), and the caller's
+//! token reaches the loop's notifier (the eventfd the loop watches) once, when the run is
+//! over: its process done, or its spawn failed. Nothing of Python runs on these threads: no
+//! GIL to win back, no futures to chain, no self-pipe write per spawn (a Python thread pool
+//! cost ~120 us of CPU per spawn here), and the loop is woken once per run.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::errors::CoreError;
 use crate::notifier::Notifier;
-use crate::process::{Proc, ProcConfig};
+use crate::process::{Cause, Proc, ProcConfig};
 use crate::spawn::SpawnPlan;
 use crate::supervisor::Service;
 use crate::sys::lock;
@@ -24,91 +28,156 @@ use crate::sys::lock;
 /// Spawner threads per service (one more measured +3 % in flight, as a Python pool).
 pub const SPAWNERS: usize = 2;
 
-/// One queued spawn.
+/// One queued run.
 pub struct SpawnJob {
     pub plan: SpawnPlan,
     pub cfg: ProcConfig,
     /// Kept open until the spawn is done (the plan's script fd is this one).
     pub script: Option<OwnedFd>,
-    pub pending: Arc<PendingSpawn>,
+    pub pending: Arc<PendingRun>,
     pub notifier: Arc<Notifier>,
     pub token: u64,
+    /// The caller's timeout, kept by the supervisor from the spawn on.
+    pub timeout: Option<Duration>,
 }
 
 #[derive(Default)]
 enum State {
     #[default]
     Waiting,
-    /// The caller gave up while the spawn was queued or under way: what lands is killed.
-    Abandoned,
-    Ready(Result<Arc<Proc>, CoreError>),
-    Taken,
+    /// The caller had the run killed (for a cause, or cancelled: None) while its spawn was
+    /// queued or under way: what lands is killed.
+    Killed(Option<Cause>),
+    Landed(Arc<Proc>),
+    /// The spawn failed; its error is handed out once.
+    Failed(Option<CoreError>),
 }
 
-/// The outcome of a queued spawn, once its token has been pushed.
 #[derive(Default)]
-pub struct PendingSpawn {
-    state: Mutex<State>,
-    /// More notifiers to tell when the spawn is over (an abandoning caller's dispatcher).
-    also: Mutex<Vec<(Arc<Notifier>, u64)>>,
+struct Inner {
+    state: State,
+    /// More notifiers to tell when the run is over (an abandoning caller's dispatcher).
+    also: Vec<(Arc<Notifier>, u64)>,
 }
 
-impl PendingSpawn {
-    /// Whether the spawn is over (its result may be taken, or was).
+/// A queued run: its process once it landed, or its spawn's error.
+#[derive(Default)]
+pub struct PendingRun {
+    inner: Mutex<Inner>,
+}
+
+impl PendingRun {
+    /// Whether the run is over: its process done, or its spawn failed.
     pub fn is_done(&self) -> bool {
-        matches!(*lock(&self.state), State::Ready(_) | State::Taken)
+        match &lock(&self.inner).state {
+            State::Landed(proc) => proc.is_done(),
+            State::Failed(_) => true,
+            State::Waiting | State::Killed(_) => false,
+        }
     }
 
-    /// The spawned process or the spawn's error, once; None before it is done or after.
-    pub fn take(&self) -> Option<Result<Arc<Proc>, CoreError>> {
-        let mut state = lock(&self.state);
-        match std::mem::take(&mut *state) {
-            State::Ready(result) => {
-                *state = State::Taken;
-                Some(result)
+    /// The process, once it landed.
+    pub fn landed(&self) -> Option<Arc<Proc>> {
+        match &lock(&self.inner).state {
+            State::Landed(proc) => Some(Arc::clone(proc)),
+            _ => None,
+        }
+    }
+
+    /// The spawn's error, once; None while it is under way, when it landed, or after.
+    pub fn take_error(&self) -> Option<CoreError> {
+        match &mut lock(&self.inner).state {
+            State::Failed(err) => err.take(),
+            _ => None,
+        }
+    }
+
+    /// Kills the run (`cause`: what its result says, first cause winning): now if it
+    /// landed, else as it lands. False when it is over, or a kill was already requested.
+    pub fn kill(&self, cause: Option<Cause>) -> bool {
+        let proc = {
+            let mut inner = lock(&self.inner);
+            match &inner.state {
+                State::Landed(proc) => Arc::clone(proc),
+                State::Waiting => {
+                    inner.state = State::Killed(cause);
+                    return true;
+                }
+                State::Killed(_) | State::Failed(_) => return false,
             }
-            other => {
-                *state = other;
+        };
+        match cause {
+            Some(cause) => proc.kill_for(cause),
+            None => proc.kill(),
+        }
+    }
+
+    /// Also pushes `token` to `notifier` when the run is over (at once if it is).
+    pub fn subscribe(&self, notifier: Arc<Notifier>, token: u64) {
+        let mut inner = lock(&self.inner);
+        match &inner.state {
+            State::Landed(proc) => {
+                let proc = Arc::clone(proc);
+                drop(inner);
+                proc.subscribe_as(notifier, token);
+            }
+            State::Failed(_) => {
+                drop(inner);
+                notifier.push(token);
+            }
+            State::Waiting | State::Killed(_) => inner.also.push((notifier, token)),
+        }
+    }
+
+    /// The spawn is over: arms the timeout, kills what a caller gave up meanwhile and hands
+    /// the subscribers over to the process; the process, when it landed.
+    fn complete(
+        &self,
+        result: Result<Arc<Proc>, CoreError>,
+        timeout: Option<Duration>,
+    ) -> Option<Arc<Proc>> {
+        let mut inner = lock(&self.inner);
+        let killed = match inner.state {
+            State::Killed(cause) => Some(cause),
+            _ => None,
+        };
+        let also = std::mem::take(&mut inner.also);
+        let landed = match result {
+            Ok(proc) => {
+                if let Some(timeout) = timeout {
+                    proc.arm_timeout(timeout);
+                }
+                inner.state = State::Landed(Arc::clone(&proc));
+                Some(proc)
+            }
+            Err(err) => {
+                inner.state = State::Failed(Some(err));
                 None
             }
-        }
-    }
-
-    /// The caller gives up: true while the spawn is still to land (it is then killed as it
-    /// lands, and its result can still be taken); false when it is over already.
-    pub fn abandon(&self) -> bool {
-        let mut state = lock(&self.state);
-        match *state {
-            State::Waiting | State::Abandoned => {
-                *state = State::Abandoned;
-                true
+        };
+        drop(inner);
+        match &landed {
+            Some(proc) => {
+                match killed {
+                    Some(Some(cause)) => {
+                        proc.kill_for(cause);
+                    }
+                    Some(None) => {
+                        proc.kill();
+                    }
+                    None => {}
+                }
+                for (notifier, token) in also {
+                    proc.subscribe_as(notifier, token);
+                }
             }
-            _ => false,
+            None => {
+                for (notifier, token) in also {
+                    notifier.push(token);
+                }
+            }
         }
-    }
-
-    /// Also pushes `token` to `notifier` when the spawn is over (at once if it is).
-    pub fn subscribe(&self, notifier: Arc<Notifier>, token: u64) {
-        let state = lock(&self.state);
-        if matches!(*state, State::Ready(_) | State::Taken) {
-            drop(state);
-            notifier.push(token);
-            return;
-        }
-        lock(&self.also).push((notifier, token));
-    }
-
-    fn complete(&self, result: Result<Arc<Proc>, CoreError>) {
-        let mut state = lock(&self.state);
-        if let (State::Abandoned, Ok(proc)) = (&*state, &result) {
-            proc.kill();
-        }
-        *state = State::Ready(result);
-        let also = std::mem::take(&mut *lock(&self.also));
-        drop(state);
-        for (notifier, token) in also {
-            notifier.push(token);
-        }
+        landed
     }
 }
 
@@ -142,11 +211,16 @@ impl SpawnQueue {
         self.queued.load(Ordering::SeqCst)
     }
 
-    /// Queues `job` for `service`'s spawner threads (started now if need be). A job no
-    /// thread can take (none could start, or the queue was stopped) is run here, and its
-    /// token pushed before this returns.
+    /// Queues `job` for `service`'s spawner threads (started now if need be). With nothing
+    /// of the service running or queued, it spawns here instead: there is nothing to stall,
+    /// and the two thread hand-offs would cost a lone run about as much as its spawn. A job
+    /// no thread can take (none could start, or the queue was stopped) also spawns here.
     pub fn submit(&self, service: &Arc<Service>, job: SpawnJob) {
-        self.queued.fetch_add(1, Ordering::SeqCst);
+        if self.queued.fetch_add(1, Ordering::SeqCst) == 0 && service.running() == 0 {
+            run(Some(Arc::clone(service)), job);
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let mut slot = lock(&self.threads);
         if matches!(&*slot, Slot::Running(t) if t.owner != std::process::id()) {
             // A forked copy: the threads were the parent's (the service refuses to spawn
@@ -235,15 +309,18 @@ fn run(service: Option<Arc<Service>>, mut job: SpawnJob) {
         None => Err(CoreError::Disposed),
     };
     drop(job.script);
-    job.pending.complete(result);
-    job.notifier.push(job.token);
+    match job.pending.complete(result, job.timeout) {
+        // The token comes when the process is done (at once if it is already).
+        Some(proc) => proc.subscribe_as(job.notifier, job.token),
+        None => job.notifier.push(job.token),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::CString;
-    use std::time::Duration;
+    use std::time::Instant;
 
     fn job(command: &str, notifier: &Arc<Notifier>, token: u64) -> SpawnJob {
         let c = |s: &str| CString::new(s).unwrap();
@@ -265,9 +342,10 @@ mod tests {
                 defer_watch: false,
             },
             script: None,
-            pending: Arc::new(PendingSpawn::default()),
+            pending: Arc::new(PendingRun::default()),
             notifier: Arc::clone(notifier),
             token,
+            timeout: None,
         }
     }
 
@@ -292,48 +370,124 @@ mod tests {
     }
 
     #[test]
-    fn queued_spawns_land_and_push_their_tokens() {
+    fn queued_runs_push_their_tokens_once_done() {
         let service = service();
         let queue = SpawnQueue::default();
         let notifier = notifier();
         let jobs: Vec<_> = (0..6)
             .map(|i| {
-                let j = job("echo hi", &notifier, 1000 + i);
+                let j = job("sleep 0.1; echo hi", &notifier, 1000 + i);
                 let pending = Arc::clone(&j.pending);
                 queue.submit(&service, j);
                 pending
             })
             .collect();
-        for (i, pending) in jobs.iter().enumerate() {
-            while !pending.is_done() {
-                wait_token(&notifier, 1000 + i as u64);
-            }
-            let proc = pending.take().expect("done").expect("spawned");
-            assert!(pending.take().is_none(), "taken once");
-            proc.wait(Some(Duration::from_secs(10)));
-            assert_eq!(proc.collected().0.text, "hi\n");
+        assert!(
+            matches!(*lock(&queue.threads), Slot::Running(_)),
+            "all but the first were queued"
+        );
+        let mut seen = std::collections::HashSet::new();
+        let started = Instant::now();
+        while seen.len() < jobs.len() && started.elapsed() < Duration::from_secs(10) {
+            seen.extend(notifier.wait(Some(Duration::from_millis(100))));
         }
+        assert_eq!(seen, (1000..1006).collect(), "each token, once its run is over");
+        for pending in &jobs {
+            assert!(pending.is_done());
+            let proc = pending.landed().expect("landed");
+            assert_eq!(proc.collected().0.text, "hi\n");
+            assert_eq!(proc.cause(), None);
+        }
+        assert_eq!(queue.queued(), 0);
         queue.stop();
         service.dispose(false);
     }
 
     #[test]
-    fn an_abandoned_spawn_is_killed_as_it_lands() {
+    fn a_lone_run_spawns_on_the_callers_thread() {
+        let service = service();
+        let queue = SpawnQueue::default();
+        let notifier = notifier();
+        let j = job("echo lone", &notifier, 3);
+        let pending = Arc::clone(&j.pending);
+        queue.submit(&service, j);
+        assert!(pending.landed().is_some(), "spawned before submit returned");
+        assert!(
+            matches!(*lock(&queue.threads), Slot::Idle),
+            "no thread started"
+        );
+        wait_token(&notifier, 3);
+        service.dispose(false);
+    }
+
+    #[test]
+    fn a_run_killed_before_it_lands_is_killed_as_it_lands_and_keeps_the_cause() {
         let service = service();
         let queue = SpawnQueue::default();
         let notifier = notifier();
         let j = job("sleep 30", &notifier, 7);
         let pending = Arc::clone(&j.pending);
-        assert!(pending.abandon(), "nothing landed yet");
+        assert!(pending.kill(Some(Cause::Abort)), "nothing landed yet");
+        assert!(!pending.kill(None), "once");
+        let started = Instant::now();
         queue.submit(&service, j);
         wait_token(&notifier, 7);
-        assert!(!pending.abandon(), "over");
-        let proc = pending.take().expect("done").expect("spawned");
         assert!(
-            proc.wait(Some(Duration::from_secs(10))),
+            started.elapsed() < Duration::from_secs(10),
             "killed, not left for 30 s"
         );
+        let proc = pending.landed().expect("landed");
+        assert!(proc.is_done());
+        assert_eq!(proc.cause(), Some(Cause::Abort));
+        assert!(!pending.kill(Some(Cause::Timeout)), "over");
+        assert_eq!(proc.cause(), Some(Cause::Abort), "the first cause stays");
         queue.stop();
+        service.dispose(false);
+    }
+
+    #[test]
+    fn the_supervisor_kills_a_run_whose_timeout_passed() {
+        let service = service();
+        let queue = SpawnQueue::default();
+        let notifier = notifier();
+        let mut j = job("sleep 30", &notifier, 8);
+        j.timeout = Some(Duration::from_millis(150));
+        let pending = Arc::clone(&j.pending);
+        let started = Instant::now();
+        queue.submit(&service, j);
+        wait_token(&notifier, 8);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(150),
+            "not before the timeout: {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "killed, not left for 30 s: {took:?}"
+        );
+        let proc = pending.landed().expect("landed");
+        assert_eq!(proc.cause(), Some(Cause::Timeout));
+        let outcome = proc.outcome().expect("done");
+        assert_eq!(outcome.signal, Some(libc::SIGTERM));
+        assert!(outcome.kill_requested);
+        queue.stop();
+        service.dispose(false);
+    }
+
+    #[test]
+    fn a_run_that_ends_first_keeps_no_cause() {
+        let service = service();
+        let queue = SpawnQueue::default();
+        let notifier = notifier();
+        let mut j = job("true", &notifier, 9);
+        j.timeout = Some(Duration::from_millis(50));
+        let pending = Arc::clone(&j.pending);
+        queue.submit(&service, j);
+        wait_token(&notifier, 9);
+        std::thread::sleep(Duration::from_millis(100)); // the timer fires on a done process
+        let proc = pending.landed().expect("landed");
+        assert_eq!(proc.cause(), None);
+        assert_eq!(proc.outcome().expect("done").exit_code, Some(0));
         service.dispose(false);
     }
 
@@ -354,20 +508,26 @@ mod tests {
         wait_token(&other, 12);
         pending.subscribe(Arc::clone(&other), 13); // over: told at once
         wait_token(&other, 13);
-        assert!(matches!(pending.take(), Some(Err(CoreError::Disposed))));
+        assert!(pending.is_done());
+        assert!(matches!(pending.take_error(), Some(CoreError::Disposed)));
+        assert!(pending.take_error().is_none(), "handed out once");
     }
 
     #[test]
-    fn a_disposed_service_fails_queued_spawns() {
+    fn a_disposed_service_fails_queued_runs() {
         let service = service();
-        service.dispose(false);
+        let busy = job("sleep 30", &notifier(), 1);
+        let busy_pending = Arc::clone(&busy.pending);
         let queue = SpawnQueue::default();
+        queue.submit(&service, busy); // inline: nothing ran yet
+        service.dispose(false);
+        assert!(busy_pending.is_done(), "dispose killed and reaped it");
         let notifier = notifier();
         let j = job("true", &notifier, 9);
         let pending = Arc::clone(&j.pending);
         queue.submit(&service, j);
         wait_token(&notifier, 9);
-        assert!(matches!(pending.take(), Some(Err(CoreError::Disposed))));
+        assert!(matches!(pending.take_error(), Some(CoreError::Disposed)));
         queue.stop();
     }
 }

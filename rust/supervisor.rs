@@ -547,6 +547,10 @@ fn supervise(shared: &Arc<Shared>) {
                 lifecycle::on_timer(&proc, &mut st, now);
             }
         }
+        if timers.crowded() {
+            let live = lock(&shared.live);
+            timers.compact(live.len(), |token| live.contains_key(&token));
+        }
         shared.recycle();
         shared.reap_adopted();
     }

@@ -18,7 +18,13 @@ import time
 import pytest
 
 from conftest import proc_stats
-from shellseam import LocalShellExecutor, ShellError, ShellExecRequest, SubprocessService
+from shellseam import (
+    LocalShellExecutor,
+    ShellError,
+    ShellExecRequest,
+    ShellRunResult,
+    SubprocessService,
+)
 from shellseam.service import SPAWNER_THREADS
 
 
@@ -233,3 +239,94 @@ def test_a_run_cancelled_while_queued_settles_its_confinement(tmp_path: os.PathL
         busy.kill()
         busy.wait_sync(10)
         svc.dispose()
+
+
+def test_a_cancelled_run_reraises_only_once_its_group_is_reaped(
+    service: SubprocessService,
+) -> None:
+    # SPEC §2: cancelling the awaiting task kills the group and re-raises once it has been
+    # reaped, also for a run whose spawn was still queued when the cancel came.
+    ex = LocalShellExecutor(service=service)
+    marker = f"shellseam-reaped-before-raise-{os.getpid()}"
+    busy = ex.start(ex.resolve(ShellExecRequest(command="sleep 60")))  # so runs are queued
+
+    async def main() -> list[str]:
+        seen = []
+        for _ in range(10):
+            spec = ex.resolve(ShellExecRequest(command=f"exec -a {marker} sleep 30"))
+            task = asyncio.ensure_future(ex.run(spec))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert service.running == 1, "only the background command is left"
+            assert service._supervisor.queued == 0, "no spawn of it still to land"
+            seen += [_cmdline(p[0]) for p in proc_stats() if marker in _cmdline(p[0])]
+        return seen
+
+    try:
+        assert asyncio.run(main()) == []
+    finally:
+        busy.kill()
+        busy.wait_sync(10)
+
+
+def test_the_timeout_of_an_async_run_does_not_wait_for_a_busy_loop(
+    ex: LocalShellExecutor,
+) -> None:
+    # The supervisor keeps the timeout: a loop blocked by other work (a synchronous call in
+    # another task) does not stretch a run's timeout to the length of that work.
+    spec = ex.resolve(ShellExecRequest(command="sleep 30", timeout_ms=300))
+
+    async def main() -> ShellRunResult:
+        run = asyncio.ensure_future(ex.run(spec))
+        await asyncio.sleep(0.05)  # spawned
+        time.sleep(2.0)  # the loop is blocked well past the timeout
+        return await run
+
+    result = asyncio.run(main())
+    assert result.timed_out
+    assert result.exit_code is None
+    assert 250 <= result.duration_ms < 1500, result.duration_ms
+
+
+def test_an_abort_after_the_timeout_keeps_the_timeout(ex: LocalShellExecutor) -> None:
+    from shellseam import AbortController
+
+    controller = AbortController()
+    spec = ex.resolve(
+        ShellExecRequest(command="trap '' TERM; sleep 30", timeout_ms=200, signal=controller.signal)
+    )
+
+    async def main() -> ShellRunResult:
+        run = asyncio.ensure_future(ex.run(spec))
+        await asyncio.sleep(0.35)  # timed out, its group in the kill's grace (TERM ignored)
+        controller.abort()
+        return await run
+
+    result = asyncio.run(main())
+    assert result.timed_out
+    assert not result.aborted
+
+
+def test_a_run_coroutine_closed_unfinished_kills_its_command(
+    service: SubprocessService,
+) -> None:
+    # A coroutine closed before its run is over (a loop torn down without cancelling its
+    # tasks) cannot wait for the reap; it still may not leave the command running.
+    ex = LocalShellExecutor(service=service)
+    marker = f"shellseam-closed-coroutine-{os.getpid()}"
+    spec = ex.resolve(ShellExecRequest(command=f"exec -a {marker} sleep 30"))
+
+    async def main() -> None:
+        coro = ex.run(spec)
+        step = coro.__await__()
+        next(step)  # spawned (inline: nothing else runs), now waiting for the end
+        coro.close()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while service.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert service.running == 0
+    assert [p for p in proc_stats() if marker in _cmdline(p[0])] == []

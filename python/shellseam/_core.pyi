@@ -18,7 +18,7 @@ __all__ = [
     "NativeError",
     "Notifier",
     "Outcome",
-    "PendingSpawn",
+    "PendingRun",
     "Proc",
     "ReadDelta",
     "Resources",
@@ -322,21 +322,21 @@ class CallLimits:
     def open_files(self) -> int | None:
         """Open file descriptors per process (``RLIMIT_NOFILE``)."""
 
-#: Native spawner threads per service (``Supervisor.spawn_queued``).
+#: Native spawner threads per service (``Supervisor.run_queued``).
 SPAWNER_THREADS: int
 
 @final
-class PendingSpawn:
+class PendingRun:
     @property
     def done(self) -> bool:
-        """Whether the spawn is over (its process or error may be taken)."""
-    def take(self) -> Proc | None:
-        """The spawned process (raises the spawn's error), once; None before it is done."""
-    def abandon(self) -> bool:
-        """The caller gives up: True while the spawn is still to land (it is killed as it
-        lands and can still be taken), False when it is over."""
+        """Whether the run is over: its process done, or its spawn failed."""
+    def kill(self, abort: bool = False) -> bool:
+        """Kills the run now or as it lands; ``abort``: its result says aborted (unless its
+        timeout fired first). False when it is over or a kill was already requested."""
+    def result(self, limits_record: ResourceLimits) -> ShellRunResult | None:
+        """The result of the run that is over (raises the spawn's error); None before."""
     def subscribe(self, notifier: Notifier, token: int) -> None:
-        """Also pushes ``token`` to ``notifier`` when the spawn is over (at once if it is)."""
+        """Also pushes ``token`` to ``notifier`` when the run is over (at once if it is)."""
 
 @final
 class Supervisor:
@@ -362,7 +362,7 @@ class Supervisor:
     def running(self) -> int: ...
     @property
     def queued(self) -> int:
-        """Spawns ``spawn_queued`` took that are not over yet."""
+        """Runs ``run_queued`` took whose spawn is not over yet."""
     @property
     def disposed(self) -> bool: ...
     @property
@@ -384,27 +384,25 @@ class Supervisor:
         limits: CallLimits | None = None,
         cgroup: bool = True,
     ) -> Proc: ...
-    def spawn_queued(
+    def run_queued(
         self,
         notifier: Notifier,
         token: int,
-        *,
-        program: bytes,
-        argv: list[bytes],
+        template: ShellTemplate,
+        command: bytes,
         cwd: bytes,
         env: Env,
         stdin: bytes,
         stdout_cap: int,
-        stderr_cap: int,
-        spill_cap: int,
-        grace_ms: int,
-        ruleset: Ruleset | None = None,
+        ruleset: Ruleset | None,
+        limits: CallLimits | None,
+        timeout_ms: int,
         script_fd: int | None = None,
-        limits: CallLimits | None = None,
-        cgroup: bool = True,
-    ) -> PendingSpawn:
-        """Queues ``spawn``'s spawn for a native spawner thread and returns at once;
-        ``token`` reaches ``notifier`` when it is done. ``script_fd`` is duplicated."""
+    ) -> PendingRun:
+        """``run_shell`` for an event loop: queues the spawn for a native spawner thread (or
+        spawns here when nothing of the service runs) and returns at once; the supervisor
+        kills the run when ``timeout_ms`` passes, and ``token`` reaches ``notifier`` once the
+        run is over. ``script_fd`` is duplicated."""
     def run_shell(
         self,
         template: ShellTemplate,

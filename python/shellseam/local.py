@@ -8,7 +8,6 @@ draining, bounded collectors, spill files and kill escalation are the native cor
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
 import posix
@@ -184,15 +183,6 @@ class Confinement:
 
 
 _UNCONFINED = Confinement()
-
-
-def _abandon(proc: ManagedProcess | None, conf: Confinement) -> None:
-    """A run cancelled while its spawn was under way: kill what started, settle it after."""
-    if proc is None:
-        conf.settle()
-        return
-    proc.kill()
-    proc.add_done_callback(conf.settle)
 
 
 def _names(value: object, name: str) -> tuple[str, ...]:
@@ -434,24 +424,6 @@ class LocalShellExecutor(ShellExecutor):
             if script_fd is not None:
                 os.close(script_fd)
 
-    async def _spawn_async(
-        self, spec: ShellExecSpec, stdout_cap: int
-    ) -> tuple[ManagedProcess, Confinement]:
-        """``_spawn`` for an event loop (``SubprocessService.spawn_async``). A caller
-        cancelled meanwhile leaves the confinement to the abandon callback."""
-        conf, call, script_fd = self._spawn_call(spec, stdout_cap)
-        try:
-            proc = await self.service.spawn_async(**call, abandon=lambda proc: _abandon(proc, conf))
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            conf.settle()
-            raise
-        finally:
-            if script_fd is not None:
-                os.close(script_fd)
-        return proc, conf
-
     def _spawn_call(
         self, spec: ShellExecSpec, stdout_cap: int
     ) -> tuple[Confinement, SpawnArgs, int | None]:
@@ -608,25 +580,49 @@ class LocalShellExecutor(ShellExecutor):
         )
 
     async def run(self, spec: ShellExecSpec) -> ShellRunResult:
-        check_spec(spec)
-        if spec.signal is not None and spec.signal.aborted:
+        values = marked_values(spec)  # a spec as resolve made it needs no new check
+        if values is None:
+            values = vars(check_spec(spec))
+        signal = values["signal"]
+        if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
-        proc, conf = await self._spawn_async(spec, spec.stdout_max_bytes)
-        deadline = Deadline(proc.kill)
-        with deadline.timer(spec.timeout_ms), deadline.watching(spec.signal):
-            try:
-                await proc.wait_async()
-            except asyncio.CancelledError:
-                proc.kill()
-                while not proc.done:
-                    try:
-                        await proc.wait_async()
-                    except asyncio.CancelledError:
-                        continue
-                raise
-            finally:
-                conf.settle()
-        return self._result(spec, self._settled(spec, proc, deadline.cause))
+        # One native call queues the run, the supervisor keeps its timeout, and the loop is
+        # woken once, when it is over; as in _run_foreground, written out.
+        stdin, command = _encoded(spec)
+        service = self._service
+        if service is None:
+            service = default_service()
+        plain = self._plain
+        conf = _UNCONFINED if plain else self._prepare(spec)
+        script_fd = None
+        try:
+            arg, script_fd = self._shell_arg(command)
+            env = self._child_env(spec, conf)
+            template = self._shell_template(service)
+        except BaseException:
+            conf.settle()
+            if script_fd is not None:
+                os.close(script_fd)
+            raise
+        try:
+            result = await service.run_shell_async(
+                template,
+                arg,
+                values["workdir"],
+                env,
+                stdin,
+                values["stdout_max_bytes"],
+                conf.ruleset,
+                values["limits"],
+                values["timeout_ms"],
+                script_fd,
+                signal,
+                None if plain else conf.settle,
+            )
+        finally:
+            if script_fd is not None:
+                os.close(script_fd)
+        return result if plain else self._result(spec, result)
 
     # -- background --------------------------------------------------------------------
 

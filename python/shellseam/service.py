@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Required, TypeAlias, TypedDict, Unpack, cast
 
 from . import _core
+from .abort import AbortSignal
 from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_bool, config_int, config_path
 from .errors import (
     DISPOSED,
@@ -57,7 +58,7 @@ HostContainment: TypeAlias = _core.ContainmentFacts
 
 
 class SpawnArgs(TypedDict, total=False):
-    """What ``SubprocessService.spawn`` and ``spawn_async`` take: one process group's
+    """What ``SubprocessService.spawn`` takes: one process group's
     program, argv, working directory, environment, stdin, caps, grace and containment."""
 
     program: Required[bytes]
@@ -75,11 +76,11 @@ class SpawnArgs(TypedDict, total=False):
     cgroup: bool
 
 
-#: Native threads that spawn for event loops (see ``spawn_async``): a fixed pool per
+#: Native threads that spawn for event loops (see ``run_shell_async``): a fixed pool per
 #: service, never one per call.
 SPAWNER_THREADS: int = _core.SPAWNER_THREADS
 
-#: Tokens of queued spawns: above every process token, so one loop notifier serves both.
+#: Tokens of queued runs: above every process token, so one loop notifier serves both.
 _SPAWN_TOKEN_BASE = 1 << 63
 
 _STAGE_REASONS = {
@@ -534,69 +535,101 @@ class SubprocessService:
             raise _shell_error(err, cwd) from None
         return result
 
-    async def spawn_async(
-        self, *, abandon: Callable[[ManagedProcess | None], object], **call: Unpack[SpawnArgs]
-    ) -> ManagedProcess:
-        """``spawn`` for an event loop: the spawn itself runs on one of the service's native
-        spawner threads, and the loop is woken through the eventfd it already watches.
-
-        Under vfork semantics the spawning thread sleeps until its child has exec'd, and with
-        many commands in flight the child first waits for a CPU: on the loop thread that
-        stalls every other run, one child at a time. With nothing of this service running
-        there is nothing to stall: the spawn then runs inline, saving the two hand-offs.
-        When the caller is cancelled, ``abandon`` gets the process once it has started (the
-        core kills it as it lands) or None when the spawn failed; it must settle whatever
-        the caller prepared for the call."""
-        if self._supervisor.running == 0:
-            return self.spawn(**call)
-        native = _native_args(call)
-        cwd = call["cwd"]
-        loop = asyncio.get_running_loop()
-        waiters = self._waiters(loop)
-        token = next(self._spawn_tokens)
-        try:
-            pending = self._supervisor.spawn_queued(waiters.notifier, token, **native)
-        except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
-        # Registered before this coroutine yields, so before the loop can take the token.
-        landed: asyncio.Future[None] = loop.create_future()
-        waiters.futures[token] = [landed]
-        try:
-            if not pending.done:
-                await landed
-        except asyncio.CancelledError:
-            self._abandon_spawn(token, pending, abandon)
-            raise
-        finally:
-            waiters.futures.pop(token, None)
-        try:
-            proc = pending.take()
-        except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
-        if proc is None:  # not reached: the token comes once the spawn is over
-            raise ShellError(SPAWN_FAILED, "the queued spawn's result was taken twice")
-        return ManagedProcess(self, proc)
-
-    def _abandon_spawn(
+    async def run_shell_async(
         self,
-        token: int,
-        pending: _core.PendingSpawn,
-        abandon: Callable[[ManagedProcess | None], object],
-    ) -> None:
-        """Hands a cancelled caller's spawn to ``abandon`` once it is over: at once if it
-        is, else on the service's callback thread, which does not depend on the caller's
-        loop (it may close first). The core kills the process as it lands meanwhile."""
+        template: ShellTemplate,
+        command: bytes,
+        cwd: str,
+        env: ChildEnv,
+        stdin: bytes,
+        stdout_cap: int,
+        ruleset: Ruleset | None,
+        limits: ResourceLimits,
+        timeout_ms: int,
+        script_fd: int | None = None,
+        abort: AbortSignal | None = None,
+        settle: Callable[[], None] | None = None,
+    ) -> ShellRunResult:
+        """``run_shell`` for an event loop, in one native call to start and one to collect.
 
-        def over() -> None:
-            try:
-                proc = pending.take()
-            except _core.NativeError:
-                proc = None
-            abandon(None if proc is None else ManagedProcess(self, proc))
+        The spawn runs on one of the service's native spawner threads: under vfork
+        semantics the spawning thread sleeps until its child has exec'd, and with many
+        commands in flight the child first waits for a CPU, which on the loop thread would
+        stall every other run (with nothing of this service running, it spawns inline:
+        there is nothing to stall). The supervisor kills the run when ``timeout_ms`` passes,
+        and wakes the loop once, through the eventfd it already watches, when the run is
+        over. ``abort`` firing kills it (the result then says aborted). Cancelling the
+        awaiting task kills the group and re-raises once it has been reaped. ``settle``
+        runs once the run is over, however it ends (from the service's dispatcher thread
+        when the awaiting coroutine is closed before that)."""
+        try:
+            if not (type(stdout_cap) is int and 0 <= stdout_cap <= MAX_BYTES):
+                config_int(stdout_cap, "stdout_cap", minimum=0, maximum=MAX_BYTES)
+            loop = asyncio.get_running_loop()
+            waiters = self._waiters(loop)
+            token = next(self._spawn_tokens)
+            pending = self._supervisor.run_queued(
+                waiters.notifier,
+                token,
+                template,
+                command,
+                _cwd_bytes(cwd),
+                env,
+                stdin,
+                stdout_cap,
+                ruleset,
+                _call_limits(limits),
+                timeout_ms,
+                script_fd,
+            )
+        except BaseException as err:
+            if settle is not None:
+                settle()
+            if isinstance(err, _core.NativeError):
+                raise _shell_error(err, cwd) from None
+            raise
+        remove = None
+        if abort is not None:
 
-        self._when_done(
-            token, lambda: not pending.abandon(), lambda n: pending.subscribe(n, token), over
-        )
+            def on_abort() -> None:
+                pending.kill(True)
+
+            remove = abort.add_listener(on_abort)
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            # The token comes once, when the run is over; registered before this coroutine
+            # first yields, so before the loop can take it.
+            while not pending.done:
+                fut: asyncio.Future[None] = loop.create_future()
+                waiters.futures[token] = [fut]
+                try:
+                    await fut
+                except asyncio.CancelledError as err:
+                    if cancelled is None:
+                        cancelled = err
+                        pending.kill()
+                    # Waits on until the group is reaped, however often it is cancelled.
+                except BaseException:
+                    pending.kill()
+                    raise
+                finally:
+                    waiters.futures.pop(token, None)
+        finally:
+            if remove is not None:
+                remove()
+            if settle is not None:
+                self._when_done(
+                    token, lambda: pending.done, lambda n: pending.subscribe(n, token), settle
+                )
+        if cancelled is not None:
+            raise cancelled
+        try:
+            result = pending.result(limits)
+        except _core.NativeError as err:
+            raise _shell_error(err, cwd) from None
+        if result is None:  # not reached: the loop above ends once the run is over
+            raise ShellError(SPAWN_FAILED, "the queued run's result is missing")
+        return result
 
     # -- waiting -----------------------------------------------------------------------
 

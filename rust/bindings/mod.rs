@@ -142,7 +142,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<supervisor::Supervisor>()?;
     m.add_class::<proc::Proc>()?;
     m.add_class::<supervisor::ShellTemplate>()?;
-    m.add_class::<supervisor::PendingSpawn>()?;
+    m.add_class::<supervisor::PendingRun>()?;
     m.add("SPAWNER_THREADS", crate::spawn_queue::SPAWNERS)?;
     m.add_class::<notifier::Notifier>()?;
     m.add_class::<ruleset::Ruleset>()?;

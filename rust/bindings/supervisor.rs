@@ -13,51 +13,71 @@ use super::cstring;
 use super::env::Env;
 use super::notifier::Notifier;
 use super::proc::Proc;
+use super::results;
 use super::ruleset::Ruleset;
 use crate::errors::CoreError;
-use crate::process::{Proc as CoreProc, ProcConfig};
+use crate::process::{Cause, Proc as CoreProc, ProcConfig};
 use crate::spawn::SpawnPlan;
-use crate::spawn_queue::{PendingSpawn as CorePending, SpawnJob, SpawnQueue};
+use crate::spawn_queue::{PendingRun as CorePending, SpawnJob, SpawnQueue};
 use crate::supervisor::Service;
 
 /// The supervisor of one subprocess service.
 #[pyclass(frozen, module = "shellseam._core")]
 pub struct Supervisor {
     inner: Arc<Service>,
-    /// Spawner threads for `spawn_queued`, started on its first use.
+    /// Spawner threads for `run_queued`, started on its first queued run.
     queue: SpawnQueue,
 }
 
-/// A spawn queued by `Supervisor.spawn_queued`: done once its token reached the notifier.
+/// A foreground run queued by `Supervisor.run_queued`: over once its token reached the
+/// notifier.
 #[pyclass(frozen, module = "shellseam._core")]
-pub struct PendingSpawn {
+pub struct PendingRun {
     inner: Arc<CorePending>,
+    timeout_ms: u64,
 }
 
 #[pymethods]
-impl PendingSpawn {
-    /// Whether the spawn is over (its process or error may be taken).
+impl PendingRun {
+    /// Whether the run is over: its process done, or its spawn failed.
     #[getter]
     fn done(&self) -> bool {
         self.inner.is_done()
     }
 
-    /// The spawned process (raises the spawn's error), once; None before it is done.
-    fn take(&self) -> PyResult<Option<Proc>> {
-        match self.inner.take() {
-            Some(Ok(proc)) => Ok(Some(Proc { inner: proc })),
-            Some(Err(err)) => Err(err.into()),
-            None => Ok(None),
+    /// Kills the run now, or as it lands (SIGTERM to its group, SIGKILL after the grace);
+    /// `abort`: its result says `aborted` (unless its timeout fired first). False when it
+    /// is over or a kill was already requested.
+    #[pyo3(signature = (abort=false))]
+    fn kill(&self, py: Python<'_>, abort: bool) -> bool {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || inner.kill(abort.then_some(Cause::Abort)))
+    }
+
+    /// The `ShellRunResult` of the run that is over (`limits_record`: the call's
+    /// `ResourceLimits`; `sandbox` None); raises the spawn's error when it failed, and
+    /// returns None while the run is not over.
+    fn result<'py>(
+        &self,
+        py: Python<'py>,
+        limits_record: Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if let Some(err) = self.inner.take_error() {
+            return Err(err.into());
         }
+        let Some(proc) = self.inner.landed() else {
+            return Ok(None);
+        };
+        let cause = proc.cause();
+        let ending = results::Ending {
+            timed_out: cause == Some(Cause::Timeout),
+            aborted: cause == Some(Cause::Abort),
+            timeout_ms: self.timeout_ms,
+        };
+        results::shell_result(py, &proc, ending, &limits_record)
     }
 
-    /// The caller gives up: True while the spawn is still to land (the core kills it as it
-    /// lands; it can still be taken after), False when it is over.
-    fn abandon(&self) -> bool {
-        self.inner.abandon()
-    }
-
-    /// Also pushes `token` to `notifier` when the spawn is over (at once if it is).
+    /// Also pushes `token` to `notifier` when the run is over (at once if it is).
     fn subscribe(&self, notifier: &Notifier, token: u64) {
         self.inner.subscribe(Arc::clone(&notifier.inner), token);
     }
@@ -223,7 +243,7 @@ impl Supervisor {
         self.inner.running()
     }
 
-    /// Spawns `spawn_queued` took that are not over yet.
+    /// Runs `run_queued` took whose spawn is not over yet.
     #[getter]
     fn queued(&self) -> usize {
         self.queue.queued()
@@ -276,30 +296,30 @@ impl Supervisor {
         Ok(Proc { inner: proc })
     }
 
-    /// Queues the spawn `spawn` would make for one of the service's spawner threads and
-    /// returns at once; when it is done (spawned or failed), `token` is pushed to
-    /// `notifier`. `script_fd` is duplicated: the caller may close its own at once.
+    /// A foreground run for an event loop, in one call: queues the spawn `run_shell` would
+    /// make for one of the service's spawner threads (or spawns here when nothing of the
+    /// service runs) and returns at once. The supervisor kills the run when `timeout_ms`
+    /// passes (0: no timeout), and `token` is pushed to `notifier` once, when the run is
+    /// over: its process done, or its spawn failed (`PendingRun.result` then has the
+    /// result or raises). `script_fd` is duplicated: the caller may close its own at once.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (notifier, token, *, program, argv, cwd, env, stdin, stdout_cap, stderr_cap, spill_cap, grace_ms, ruleset=None, script_fd=None, limits=None, cgroup=true))]
-    fn spawn_queued(
+    #[pyo3(signature = (notifier, token, template, command, cwd, env, stdin, stdout_cap, ruleset, limits, timeout_ms, script_fd=None))]
+    fn run_queued(
         &self,
         py: Python<'_>,
         notifier: &Notifier,
         token: u64,
-        program: Vec<u8>,
-        argv: Vec<Vec<u8>>,
+        template: &ShellTemplate,
+        command: Vec<u8>,
         cwd: Vec<u8>,
         env: &Env,
         stdin: Vec<u8>,
         stdout_cap: usize,
-        stderr_cap: usize,
-        spill_cap: u64,
-        grace_ms: u64,
         ruleset: Option<&Ruleset>,
-        script_fd: Option<i32>,
         limits: Option<&CallLimits>,
-        cgroup: bool,
-    ) -> PyResult<PendingSpawn> {
+        timeout_ms: u64,
+        script_fd: Option<i32>,
+    ) -> PyResult<PendingRun> {
         let script = match script_fd {
             None => None,
             Some(fd) if fd < 0 => {
@@ -319,17 +339,17 @@ impl Supervisor {
             }
         };
         let call = Call {
-            program,
-            argv,
+            program: template.program.clone(),
+            argv: vec![template.argv0.clone(), b"-c".to_vec(), command],
             cwd,
             env,
             stdin,
-            caps: (stdout_cap, stderr_cap, spill_cap),
-            grace_ms,
+            caps: (stdout_cap, template.stderr_cap, template.spill_cap),
+            grace_ms: template.grace_ms,
             ruleset,
             script_fd: script.as_ref().map(|fd| fd.as_raw_fd()),
             limits,
-            cgroup,
+            cgroup: template.cgroup,
         };
         let (plan, cfg) = plan_of(call, false)?;
         let pending = Arc::new(CorePending::default());
@@ -340,9 +360,13 @@ impl Supervisor {
             pending: Arc::clone(&pending),
             notifier: Arc::clone(&notifier.inner),
             token,
+            timeout: (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)),
         };
         py.detach(|| self.queue.submit(&self.inner, job));
-        Ok(PendingSpawn { inner: pending })
+        Ok(PendingRun {
+            inner: pending,
+            timeout_ms,
+        })
     }
 
     /// A foreground run in one call: spawns `<shell> -c <command>` with `template`'s
