@@ -57,6 +57,11 @@ impl Timers {
         self.heap.extend(timers.into_iter().map(Reverse));
     }
 
+    /// The earliest deadline, None when there is none.
+    pub fn next_at(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _))| *at)
+    }
+
     /// Time until the earliest deadline, None when there is none.
     pub fn timeout(&self, now: Instant) -> Option<Duration> {
         self.heap

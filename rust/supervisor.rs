@@ -53,6 +53,16 @@ pub(crate) use source::Source;
 const WAKE_KEY: u64 = 0;
 const EVENT_BATCH: usize = 256;
 
+/// Timers for the supervisor thread, and the end of its current sleep.
+#[derive(Default)]
+struct TimersIn {
+    new: Vec<(Instant, u64)>,
+    /// The earliest of the supervisor's timers when it last took the new ones (None: it
+    /// had none, and sleeps until an event). Set under the same lock as `new` is drained,
+    /// so that a timer added later is either taken before that sleep or compared with it.
+    sleeps_until: Option<Instant>,
+}
+
 /// State shared by the supervisor thread, the service and every process.
 pub(crate) struct Shared {
     epoll: Epoll,
@@ -62,7 +72,7 @@ pub(crate) struct Shared {
     routes: Mutex<HashMap<u64, Source>>,
     next_key: AtomicU64,
     pub live: Mutex<HashMap<u64, Arc<Proc>>>,
-    timers_in: Mutex<Vec<(Instant, u64)>>,
+    timers_in: Mutex<TimersIn>,
     pub spill: Mutex<SpillDir>,
     disposed: AtomicBool,
     stop: AtomicBool,
@@ -94,9 +104,15 @@ impl Shared {
         getpid() == self.owner_pid
     }
 
+    /// Hands the supervisor a timer; `wake`: from another thread, which wakes the
+    /// supervisor only when the timer is due before the end of its current sleep (a run's
+    /// two-minute timeout usually is not: the supervisor takes it when it next wakes).
     pub fn add_timer(&self, at: Instant, token: u64, wake: bool) {
-        lock(&self.timers_in).push((at, token));
-        if wake {
+        let mut timers = lock(&self.timers_in);
+        timers.new.push((at, token));
+        let sooner = timers.sleeps_until.is_none_or(|until| at < until);
+        drop(timers);
+        if wake && sooner {
             self.wake_supervisor();
         }
     }
@@ -162,7 +178,7 @@ impl Service {
                 routes: Mutex::new(HashMap::from([(WAKE_KEY, Source::Wake)])),
                 next_key: AtomicU64::new(WAKE_KEY + 1),
                 live: Mutex::new(HashMap::new()),
-                timers_in: Mutex::new(Vec::new()),
+                timers_in: Mutex::new(TimersIn::default()),
                 spill: Mutex::new(SpillDir::with_total(spill_parent, spill_total)),
                 disposed: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
@@ -500,7 +516,11 @@ fn supervise(shared: &Arc<Shared>) {
     let mut scratch = vec![0u8; READ_CHUNK];
     let mut events = epoll_event_buffer(EVENT_BATCH);
     loop {
-        timers.extend(lock(&shared.timers_in).drain(..));
+        {
+            let mut new = lock(&shared.timers_in);
+            timers.extend(new.new.drain(..));
+            new.sleeps_until = timers.next_at();
+        }
         if shared.stop.load(Ordering::SeqCst) && lock(&shared.live).is_empty() {
             break;
         }

@@ -22,6 +22,7 @@ from shellseam import (
     LocalShellExecutor,
     ShellError,
     ShellExecRequest,
+    ShellExecSpec,
     ShellRunResult,
     SubprocessService,
 )
@@ -330,3 +331,29 @@ def test_a_run_coroutine_closed_unfinished_kills_its_command(
         time.sleep(0.05)
     assert service.running == 0
     assert [p for p in proc_stats() if marker in _cmdline(p[0])] == []
+
+
+@pytest.mark.parametrize("first_ms, second_ms", [(60_000, 300), (300, 700)])
+def test_each_runs_timeout_fires_on_time_whatever_was_armed_before(
+    ex: LocalShellExecutor, first_ms: int, second_ms: int
+) -> None:
+    # The supervisor is woken for a new timeout only when it is due before the end of its
+    # current sleep; one due later is taken when it wakes for the earlier one.
+    def spec(timeout_ms: int) -> ShellExecSpec:
+        return ex.resolve(ShellExecRequest(command="sleep 30", timeout_ms=timeout_ms))
+
+    async def main() -> tuple[ShellRunResult | None, ShellRunResult]:
+        first = asyncio.ensure_future(ex.run(spec(first_ms)))
+        await asyncio.sleep(0.1)  # its timer is the supervisor's
+        second = await ex.run(spec(second_ms))
+        if first_ms > 10_000:
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            return None, second
+        return await first, second
+
+    first, second = asyncio.run(main())
+    assert second.timed_out
+    assert second_ms - 50 <= second.duration_ms < second_ms + 800, second.duration_ms
+    assert first is None or first.timed_out
