@@ -28,9 +28,18 @@ impl Notifier {
         self.efd.as_raw_fd()
     }
 
+    /// Queues `token` and wakes the waiter. Only the first token of a batch writes the
+    /// eventfd: `take` clears it before taking the queue, so a queue that holds tokens
+    /// always has its eventfd raised (many completions, one wake-up and one write).
     pub(crate) fn push(&self, token: u64) {
-        lock(&self.queue).push(token);
-        eventfd_raise(&self.efd);
+        let first = {
+            let mut queue = lock(&self.queue);
+            queue.push(token);
+            queue.len() == 1
+        };
+        if first {
+            eventfd_raise(&self.efd);
+        }
     }
 
     /// Wakes a blocked `wait` without queueing a token.
@@ -66,5 +75,17 @@ mod tests {
         n.push(9);
         assert_eq!(n.wait(Some(Duration::from_secs(5))), vec![7, 9]);
         assert!(n.wait(Some(Duration::from_millis(1))).is_empty());
+    }
+
+    #[test]
+    fn a_batch_of_tokens_raises_the_eventfd_once_and_is_taken_whole() {
+        let n = Notifier::new().unwrap();
+        for token in 1..=5 {
+            n.push(token);
+        }
+        assert_eq!(n.efd.read().unwrap(), 1, "one write for the batch");
+        assert_eq!(n.take(), vec![1, 2, 3, 4, 5]);
+        n.push(6); // the queue was emptied: the next token raises it again
+        assert_eq!(n.wait(Some(Duration::from_secs(5))), vec![6]);
     }
 }
