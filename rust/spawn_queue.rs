@@ -391,7 +391,11 @@ mod tests {
         while seen.len() < jobs.len() && started.elapsed() < Duration::from_secs(10) {
             seen.extend(notifier.wait(Some(Duration::from_millis(100))));
         }
-        assert_eq!(seen, (1000..1006).collect(), "each token, once its run is over");
+        assert_eq!(
+            seen,
+            (1000..1006).collect(),
+            "each token, once its run is over"
+        );
         for pending in &jobs {
             assert!(pending.is_done());
             let proc = pending.landed().expect("landed");
