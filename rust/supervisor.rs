@@ -569,7 +569,8 @@ fn supervise(shared: &Arc<Shared>) {
         }
         if timers.crowded() {
             let live = lock(&shared.live);
-            timers.compact(live.len(), |token| live.contains_key(&token));
+            // Token 0 is no process's: the rescan for adopted zombies (`reap_adopted`).
+            timers.compact(live.len(), |token| token == 0 || live.contains_key(&token));
         }
         shared.recycle();
         shared.reap_adopted();
