@@ -217,8 +217,7 @@ impl SpawnQueue {
     /// no thread can take (none could start, or the queue was stopped) also spawns here.
     pub fn submit(&self, service: &Arc<Service>, job: SpawnJob) {
         if self.queued.fetch_add(1, Ordering::SeqCst) == 0 && service.running() == 0 {
-            run(Some(Arc::clone(service)), job);
-            self.queued.fetch_sub(1, Ordering::SeqCst);
+            run(Some(Arc::clone(service)), job, &self.queued);
             return;
         }
         let mut slot = lock(&self.threads);
@@ -242,8 +241,7 @@ impl SpawnQueue {
         drop(slot);
         // No spawner thread (none could start, or the queue was stopped): the spawn runs
         // here.
-        run(Some(Arc::clone(service)), job);
-        self.queued.fetch_sub(1, Ordering::SeqCst);
+        run(Some(Arc::clone(service)), job, &self.queued);
     }
 
     /// Ends the spawner threads once the queued spawns are done (never from one of them);
@@ -294,12 +292,14 @@ fn serve(rx: &Mutex<Receiver<SpawnJob>>, service: &Weak<Service>, queued: &Atomi
         let Ok(job) = job else {
             return; // the queue was stopped or dropped
         };
-        run(service.upgrade(), job);
-        queued.fetch_sub(1, Ordering::SeqCst);
+        run(service.upgrade(), job, queued);
     }
 }
 
-fn run(service: Option<Arc<Service>>, mut job: SpawnJob) {
+/// Spawns `job`, counts it out of `queued` (its process is the service's from here on, in
+/// `running`), then settles its pending run: out of the count before anyone can hear the
+/// run is over, so a caller woken by its token never sees it still queued.
+fn run(service: Option<Arc<Service>>, mut job: SpawnJob, queued: &AtomicUsize) {
     let result = match &service {
         // A panic must not leave the caller waiting for a token that never comes.
         Some(service) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -309,6 +309,7 @@ fn run(service: Option<Arc<Service>>, mut job: SpawnJob) {
         None => Err(CoreError::Disposed),
     };
     drop(job.script);
+    queued.fetch_sub(1, Ordering::SeqCst);
     match job.pending.complete(result, job.timeout) {
         // The token comes when the process is done (at once if it is already).
         Some(proc) => proc.subscribe_as(job.notifier, job.token),
