@@ -357,3 +357,42 @@ def test_each_runs_timeout_fires_on_time_whatever_was_armed_before(
     assert second.timed_out
     assert second_ms - 50 <= second.duration_ms < second_ms + 800, second.duration_ms
     assert first is None or first.timed_out
+
+
+def test_a_closed_run_coroutine_settles_its_confinement_once_the_command_is_gone(
+    tmp_path: os.PathLike[str],
+) -> None:
+    # The dispatcher settles what the closed coroutine cannot wait for: a read-only call's
+    # private $TMPDIR is removed once its killed command is gone, not before.
+    from shellseam import SandboxShellExecutor, landlock_abi
+
+    if landlock_abi() < 1:
+        pytest.skip("needs Landlock")
+    parent = os.path.join(tmp_path, "spill")
+    svc = SubprocessService(spill_parent=parent)
+    ws = os.path.join(tmp_path, "ws")
+    os.mkdir(ws)
+    ro = SandboxShellExecutor(mode="read-only", cwd=ws, service=svc, grace_ms=300)
+    marker = f"shellseam-closed-confined-{os.getpid()}"
+    spec = ro.resolve(ShellExecRequest(command=f"exec -a {marker} sleep 30"))
+
+    def scratch() -> list[str]:
+        return sorted(d for d in os.listdir(parent) if d.startswith("tmp-"))
+
+    async def main() -> None:
+        coro = ro.run(spec)
+        step = coro.__await__()
+        next(step)  # spawned, waiting for the end
+        assert len(scratch()) == 1
+        coro.close()
+
+    try:
+        asyncio.run(main())
+        deadline = time.monotonic() + 10
+        while (svc.running or scratch()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.running == 0
+        assert scratch() == []
+        assert [p for p in proc_stats() if marker in _cmdline(p[0])] == []
+    finally:
+        svc.dispose()
