@@ -274,8 +274,7 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
     if st.timeout_at.is_some_and(|at| at <= now) {
         // The caller's timeout (`Proc::arm_timeout`): killed as the caller would.
         st.timeout_at = None;
-        st.cause.get_or_insert(Cause::Timeout);
-        if let Some(at) = proc.request_kill(st) {
+        if let Some(at) = proc.request_kill(st, Some(Cause::Timeout)) {
             proc.shared.add_timer(at, proc.token, false);
         }
     }

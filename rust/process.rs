@@ -166,11 +166,17 @@ impl Proc {
     /// them after the grace period.
     /// False when the process already finished or a kill is already under way.
     pub fn kill(&self) -> bool {
+        self.kill_for(None)
+    }
+
+    /// `kill` for `cause` (None: none), which the call keeps unless another came first or it
+    /// is done.
+    pub fn kill_for(&self, cause: Option<Cause>) -> bool {
         if !self.shared.in_owner() {
             return false;
         }
         let mut st = lock(&self.state);
-        let Some(at) = self.request_kill(&mut st) else {
+        let Some(at) = self.request_kill(&mut st, cause) else {
             return false;
         };
         drop(st);
@@ -178,26 +184,22 @@ impl Proc {
         true
     }
 
-    /// `kill` for `cause`, which the call keeps unless another came first or it is done.
-    pub fn kill_for(&self, cause: Cause) -> bool {
-        {
-            let mut st = lock(&self.state);
-            if st.phase != Phase::Done {
-                st.cause.get_or_insert(cause);
-            }
-        }
-        self.kill()
-    }
-
     /// Why the call was killed by its caller's timeout or abort, if it was.
     pub fn cause(&self) -> Option<Cause> {
         lock(&self.state).cause
     }
 
-    /// The kill under the process lock: signals the call and returns when its SIGKILL is
-    /// due (a timer the caller adds), None when done already or a kill is under way.
-    pub(crate) fn request_kill(&self, st: &mut ProcState) -> Option<Instant> {
-        if st.phase == Phase::Done || st.kill_requested {
+    /// The kill under the process lock: keeps `cause` unless another came first, signals
+    /// the call and returns when its SIGKILL is due (a timer the caller adds); None when done
+    /// already (no cause kept then) or a kill is under way.
+    pub(crate) fn request_kill(&self, st: &mut ProcState, cause: Option<Cause>) -> Option<Instant> {
+        if st.phase == Phase::Done {
+            return None;
+        }
+        if st.cause.is_none() {
+            st.cause = cause;
+        }
+        if st.kill_requested {
             return None;
         }
         st.kill_requested = true;

@@ -106,10 +106,7 @@ impl PendingRun {
                 State::Killed(_) | State::Failed(_) => return false,
             }
         };
-        match cause {
-            Some(cause) => proc.kill_for(cause),
-            None => proc.kill(),
-        }
+        proc.kill_for(cause)
     }
 
     /// Also pushes `token` to `notifier` when the run is over (at once if it is).
@@ -158,14 +155,8 @@ impl PendingRun {
         drop(inner);
         match &landed {
             Some(proc) => {
-                match killed {
-                    Some(Some(cause)) => {
-                        proc.kill_for(cause);
-                    }
-                    Some(None) => {
-                        proc.kill();
-                    }
-                    None => {}
+                if let Some(cause) = killed {
+                    proc.kill_for(cause);
                 }
                 for (notifier, token) in also {
                     proc.subscribe_as(notifier, token);
