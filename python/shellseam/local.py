@@ -45,6 +45,7 @@ from .service import (
     EnvBuilder,
     ManagedProcess,
     Ruleset,
+    ShellCall,
     ShellTemplate,
     SpawnArgs,
     SubprocessService,
@@ -456,22 +457,23 @@ class LocalShellExecutor(ShellExecutor):
             raise
         return conf, call, script_fd
 
-    def _run_foreground(self, spec: ShellExecSpec, values: dict[str, Any]) -> ShellRunResult:
-        """Spawns, waits and collects the call in one native call
-        (``SubprocessService.run_shell``), settles its confinement and completes the result
-        with the sandbox facts; ``values``: the checked spec's fields. Written out, not
-        through ``service``/``_prepare``/``_result`` hooks an unconfined call does not
-        need: each Python call costs ~1-2 us here when it runs cold, right after a child."""
+    def _shell_call(
+        self, spec: ShellExecSpec, values: dict[str, Any]
+    ) -> tuple[SubprocessService, Confinement, ShellCall, int | None]:
+        """The service, confinement and ``run_shell``/``run_shell_async`` arguments of a
+        foreground call (``values``: the checked spec's fields), and a long command's script
+        fd; the caller settles the confinement and closes the fd once the run is over. An
+        unconfined call skips the confinement hooks: each Python call costs ~1-2 us here when
+        it runs cold, right after a child."""
         stdin, command = _encoded(spec)
         service = self._service
         if service is None:
             service = default_service()
-        plain = self._plain
-        conf = _UNCONFINED if plain else self._prepare(spec)
+        conf = _UNCONFINED if self._plain else self._prepare(spec)
         script_fd = None
         try:
             arg, script_fd = self._shell_arg(command)
-            result = service.run_shell(
+            call: ShellCall = (
                 self._shell_template(service),
                 arg,
                 values["workdir"],
@@ -483,6 +485,21 @@ class LocalShellExecutor(ShellExecutor):
                 values["timeout_ms"],
                 script_fd,
             )
+        except BaseException:
+            conf.settle()
+            if script_fd is not None:
+                os.close(script_fd)
+            raise
+        return service, conf, call, script_fd
+
+    def _run_foreground(self, spec: ShellExecSpec, values: dict[str, Any]) -> ShellRunResult:
+        """Spawns, waits and collects the call in one native call
+        (``SubprocessService.run_shell``), settles its confinement and completes the result
+        with the sandbox facts; ``values``: the checked spec's fields."""
+        service, conf, call, script_fd = self._shell_call(spec, values)
+        plain = self._plain
+        try:
+            result = service.run_shell(*call)
         finally:
             if not plain:
                 conf.settle()
@@ -587,38 +604,11 @@ class LocalShellExecutor(ShellExecutor):
         if signal is not None and signal.aborted:
             return self._aborted_before_start(spec)
         # One native call queues the run, the supervisor keeps its timeout, and the loop is
-        # woken once, when it is over; as in _run_foreground, written out.
-        stdin, command = _encoded(spec)
-        service = self._service
-        if service is None:
-            service = default_service()
+        # woken once, when it is over.
+        service, conf, call, script_fd = self._shell_call(spec, values)
         plain = self._plain
-        conf = _UNCONFINED if plain else self._prepare(spec)
-        script_fd = None
         try:
-            arg, script_fd = self._shell_arg(command)
-            env = self._child_env(spec, conf)
-            template = self._shell_template(service)
-        except BaseException:
-            conf.settle()
-            if script_fd is not None:
-                os.close(script_fd)
-            raise
-        try:
-            result = await service.run_shell_async(
-                template,
-                arg,
-                values["workdir"],
-                env,
-                stdin,
-                values["stdout_max_bytes"],
-                conf.ruleset,
-                values["limits"],
-                values["timeout_ms"],
-                script_fd,
-                signal,
-                None if plain else conf.settle,
-            )
+            result = await service.run_shell_async(*call, signal, None if plain else conf.settle)
         finally:
             if script_fd is not None:
                 os.close(script_fd)

@@ -52,6 +52,12 @@ EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
 RootCheck: TypeAlias = _core.RootCheck
 ShellTemplate: TypeAlias = _core.ShellTemplate
+#: ``SubprocessService.run_shell``'s and ``run_shell_async``'s arguments for one call, in their
+#: order: template, command, working directory, environment, stdin, stdout cap, ruleset,
+#: limits, timeout, and a long command's script fd.
+ShellCall: TypeAlias = tuple[
+    ShellTemplate, bytes, str, ChildEnv, bytes, int, Ruleset | None, ResourceLimits, int, int | None
+]
 #: Containment facts of a settled call, and of the host.
 NativeResources: TypeAlias = _core.Resources
 HostContainment: TypeAlias = _core.ContainmentFacts
@@ -186,6 +192,37 @@ def _call_limits(limits: ResourceLimits | None) -> _core.CallLimits | None:
     )
     _LAST_LIMITS = (limits, record)
     return record
+
+
+def _native_shell_args(
+    template: ShellTemplate,
+    command: bytes,
+    cwd: str,
+    env: ChildEnv,
+    stdin: bytes,
+    stdout_cap: int,
+    ruleset: Ruleset | None,
+    limits: ResourceLimits,
+    timeout_ms: int,
+) -> tuple[
+    ShellTemplate, bytes, bytes, ChildEnv, bytes, int, Ruleset | None, _core.CallLimits | None, int
+]:
+    """What ``Supervisor.run_shell`` and ``run_queued`` take first, in their order: the cap
+    checked (``ValueError``/``TypeError`` naming it, so that no value reaches the core as an
+    overflow), the working directory and the limits as the core takes them."""
+    if not (type(stdout_cap) is int and 0 <= stdout_cap <= MAX_BYTES):
+        config_int(stdout_cap, "stdout_cap", minimum=0, maximum=MAX_BYTES)
+    return (
+        template,
+        command,
+        _cwd_bytes(cwd),
+        env,
+        stdin,
+        stdout_cap,
+        ruleset,
+        _call_limits(limits),
+        timeout_ms,
+    )
 
 
 def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
@@ -515,22 +552,11 @@ class SubprocessService:
         end; the ``ShellRunResult`` (``sandbox`` None), ``timed_out`` when the timeout fired.
         The calling thread drives the process from its spawn on. Raises as ``spawn`` does; a
         ``KeyboardInterrupt`` while waiting kills the group and waits for it first."""
-        if not (type(stdout_cap) is int and 0 <= stdout_cap <= MAX_BYTES):
-            config_int(stdout_cap, "stdout_cap", minimum=0, maximum=MAX_BYTES)
+        native = _native_shell_args(
+            template, command, cwd, env, stdin, stdout_cap, ruleset, limits, timeout_ms
+        )
         try:
-            result: ShellRunResult = self._supervisor.run_shell(
-                template,
-                command,
-                _cwd_bytes(cwd),
-                env,
-                stdin,
-                stdout_cap,
-                ruleset,
-                _call_limits(limits),
-                timeout_ms,
-                limits,
-                script_fd,
-            )
+            result: ShellRunResult = self._supervisor.run_shell(*native, limits, script_fd)
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
         return result
@@ -563,25 +589,13 @@ class SubprocessService:
         runs once the run is over, however it ends (from the service's dispatcher thread
         when the awaiting coroutine is closed before that)."""
         try:
-            if not (type(stdout_cap) is int and 0 <= stdout_cap <= MAX_BYTES):
-                config_int(stdout_cap, "stdout_cap", minimum=0, maximum=MAX_BYTES)
+            native = _native_shell_args(
+                template, command, cwd, env, stdin, stdout_cap, ruleset, limits, timeout_ms
+            )
             loop = asyncio.get_running_loop()
             waiters = self._waiters(loop)
             token = next(self._spawn_tokens)
-            pending = self._supervisor.run_queued(
-                waiters.notifier,
-                token,
-                template,
-                command,
-                _cwd_bytes(cwd),
-                env,
-                stdin,
-                stdout_cap,
-                ruleset,
-                _call_limits(limits),
-                timeout_ms,
-                script_fd,
-            )
+            pending = self._supervisor.run_queued(waiters.notifier, token, *native, script_fd)
         except BaseException as err:
             if settle is not None:
                 settle()
