@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 
 import pytest
 
 from conftest import proc_stats
 from shellseam import (
     LocalShellExecutor,
+    SandboxShellExecutor,
     ShellError,
     ShellExecRequest,
     ShellExecSpec,
     ShellRunResult,
     SubprocessService,
+    landlock_abi,
 )
 from shellseam.service import SPAWNER_THREADS
 
@@ -194,24 +197,32 @@ def test_dispose_stops_the_spawner_threads() -> None:
     assert not _threads_named("shellseam-spawn") - before
 
 
-def test_a_run_cancelled_while_queued_settles_its_confinement(tmp_path: os.PathLike[str]) -> None:
-    # A read-only call gets a private $TMPDIR in the spill parent, removed when the call
-    # settles: a run cancelled while its spawn was queued must settle it too, also when
-    # its loop closed before the spawn landed.
-    from shellseam import SandboxShellExecutor, landlock_abi
-
+def _read_only(
+    tmp_path: os.PathLike[str], grace_ms: int = 3_000
+) -> tuple[SubprocessService, SandboxShellExecutor, Callable[[], list[str]]]:
+    """A read-only executor on a service of its own whose spill parent is in ``tmp_path``,
+    and the private ``$TMPDIR``s its calls have there now (each call gets one, removed when
+    the call settles). Skips without Landlock."""
     if landlock_abi() < 1:
         pytest.skip("needs Landlock")
     parent = os.path.join(tmp_path, "spill")
     svc = SubprocessService(spill_parent=parent)
     ws = os.path.join(tmp_path, "ws")
     os.mkdir(ws)
-    ro = SandboxShellExecutor(mode="read-only", cwd=ws, service=svc)
-    busy = ro.start(ro.resolve(ShellExecRequest(command="sleep 60")))
+    ro = SandboxShellExecutor(mode="read-only", cwd=ws, service=svc, grace_ms=grace_ms)
 
     def scratch() -> list[str]:
         return sorted(d for d in os.listdir(parent) if d.startswith("tmp-"))
 
+    return svc, ro, scratch
+
+
+def test_a_run_cancelled_while_queued_settles_its_confinement(tmp_path: os.PathLike[str]) -> None:
+    # A read-only call gets a private $TMPDIR in the spill parent, removed when the call
+    # settles: a run cancelled while its spawn was queued must settle it too, also when
+    # its loop closed before the spawn landed.
+    svc, ro, scratch = _read_only(tmp_path)
+    busy = ro.start(ro.resolve(ShellExecRequest(command="sleep 60")))
     held = scratch()  # the background command's own
     assert len(held) == 1
 
@@ -364,20 +375,9 @@ def test_a_closed_run_coroutine_settles_its_confinement_once_the_command_is_gone
 ) -> None:
     # The dispatcher settles what the closed coroutine cannot wait for: a read-only call's
     # private $TMPDIR is removed once its killed command is gone, not before.
-    from shellseam import SandboxShellExecutor, landlock_abi
-
-    if landlock_abi() < 1:
-        pytest.skip("needs Landlock")
-    parent = os.path.join(tmp_path, "spill")
-    svc = SubprocessService(spill_parent=parent)
-    ws = os.path.join(tmp_path, "ws")
-    os.mkdir(ws)
-    ro = SandboxShellExecutor(mode="read-only", cwd=ws, service=svc, grace_ms=300)
+    svc, ro, scratch = _read_only(tmp_path, grace_ms=300)
     marker = f"shellseam-closed-confined-{os.getpid()}"
     spec = ro.resolve(ShellExecRequest(command=f"exec -a {marker} sleep 30"))
-
-    def scratch() -> list[str]:
-        return sorted(d for d in os.listdir(parent) if d.startswith("tmp-"))
 
     async def main() -> None:
         coro = ro.run(spec)
