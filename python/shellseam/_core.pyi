@@ -3,7 +3,13 @@
 from os import PathLike
 from typing import final
 
-from .types import CollectedOutput, ResourceLimits, ShellResources, ShellRunResult
+from .types import (
+    CollectedOutput,
+    ResourceLimits,
+    ShellExecSpec,
+    ShellResources,
+    ShellRunResult,
+)
 
 __all__ = [
     "SPAWNER_THREADS",
@@ -44,6 +50,7 @@ __all__ = [
     "landlock_missing",
     "protect_harness",
     "register_result_types",
+    "register_spec_type",
 ]
 
 class NativeError(Exception):
@@ -403,6 +410,16 @@ class Supervisor:
         spawns here when nothing of the service runs) and returns at once; the supervisor
         kills the run when ``timeout_ms`` passes, and ``token`` reaches ``notifier`` once the
         run is over. ``script_fd`` is duplicated."""
+    def run_spec(
+        self,
+        template: ShellTemplate,
+        builder: EnvBuilder,
+        environ: dict[bytes, bytes],
+        spec: ShellExecSpec,
+        ruleset: Ruleset | None = None,
+        env: _Pairs | None = None,
+    ) -> ShellRunResult | None:
+        """``run_shell`` of a resolved spec read natively; None when it needs Python."""
     def run_shell(
         self,
         template: ShellTemplate,
@@ -473,3 +490,14 @@ def register_result_types(
     signal_names: dict[int, str],
 ) -> None:
     """The record classes the core builds results of, and the names of signals."""
+
+def register_spec_type(
+    cls: type[ShellExecSpec],
+    mark: str,
+    fields: list[str],
+    max_arg_bytes: int,
+    fs_utf8: bool,
+) -> None:
+    """The spec class ``Supervisor.run_spec`` reads: the ``__dict__`` key of the mark
+    ``resolve`` sets, the fields whose checked values it holds (in order), the longest
+    ``-c`` argument and whether the filesystem encoding is UTF-8."""

@@ -188,12 +188,12 @@ def request_limits(limits: object) -> ResourceLimits:
 
 
 #: Where ``resolve`` records the field values it checked (see ``mark_checked``).
-_CHECKED = "_shellseam_checked"
+CHECKED_MARK = "_shellseam_checked"
 
 
-#: The values ``check_spec`` checks beyond ``env`` and ``managed_env``, read off a spec's
-#: ``__dict__`` in one C call (the fields of the frozen dataclass live there).
-_checked_values = operator.itemgetter(
+#: The fields ``check_spec`` checks beyond ``env`` and ``managed_env``, in the order of the
+#: mark's values (the core reads marked specs too: ``Supervisor.run_spec``).
+CHECKED_FIELDS: tuple[str, ...] = (
     "command",
     "workdir",
     "timeout_ms",
@@ -203,6 +203,10 @@ _checked_values = operator.itemgetter(
     "sandbox_policy",
     "limits",
 )
+
+#: Their values, read off a spec's ``__dict__`` in one C call (the fields of the frozen
+#: dataclass live there).
+_checked_values = operator.itemgetter(*CHECKED_FIELDS)
 
 
 def _checked_fields(spec: ShellExecSpec) -> tuple[object, ...]:
@@ -216,14 +220,14 @@ def mark_checked(spec: ShellExecSpec) -> ShellExecSpec:
     command). Only immutable values count: a spec with an ``env`` or ``managed_env``
     mapping, which its caller may still change, is checked at every run."""
     if spec.env is None and spec.managed_env is None:
-        object.__setattr__(spec, _CHECKED, _checked_fields(spec))
+        object.__setattr__(spec, CHECKED_MARK, _checked_fields(spec))
     return spec
 
 
 def unmark(spec: ShellExecSpec) -> ShellExecSpec:
     """Drops a mark ``spec`` came with (a spec unpickled from another process carries the
     mark its sender set): only this process's ``resolve`` or checks may vouch for it."""
-    spec.__dict__.pop(_CHECKED, None)
+    spec.__dict__.pop(CHECKED_MARK, None)
     return spec
 
 
@@ -233,7 +237,7 @@ def marked_values(spec: object) -> dict[str, Any] | None:
     if type(spec) is not ShellExecSpec:
         return None
     values = spec.__dict__
-    mark = values.get(_CHECKED)
+    mark = values.get(CHECKED_MARK)
     if (
         mark is not None
         and values["env"] is None

@@ -41,6 +41,7 @@ from .executor import ShellExecutor
 from .limits import tighten
 from .process import ShellProcess
 from .service import (
+    MAX_ARG_BYTES,
     ChildEnv,
     EnvBuilder,
     ManagedProcess,
@@ -99,9 +100,6 @@ DEFAULT_ALLOW_ENV: tuple[str, ...] = (
     "PYTHON_KEYRING_BACKEND",
 )
 
-#: The kernel's limit for one argument (MAX_ARG_STRLEN, with its NUL); longer commands reach
-#: bash through a sealed memfd.
-_MAX_ARG_BYTES = 128 * 1024 - 1
 
 #: The executor attributes ``run_shell``'s template is made of (see ``_shell_template``).
 _TEMPLATE_SETTINGS = frozenset(
@@ -252,13 +250,17 @@ class LocalShellExecutor(ShellExecutor):
     #: The class confines nothing (``run_sync`` then skips the confinement hooks): true
     #: unless a subclass overrides one of them.
     _plain: bool = True
+    #: The class builds a child's environment this class's way, which the core then does
+    #: itself for a resolved spec (``SubprocessService.run_spec``).
+    _native_env: bool = True
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         base = LocalShellExecutor
-        cls._plain = all(
+        cls._native_env = cls._child_env is base._child_env
+        cls._plain = cls._native_env and all(
             getattr(cls, hook) is getattr(base, hook)
-            for hook in ("_prepare", "_child_env", "_sandbox_info", "_result")
+            for hook in ("_prepare", "_sandbox_info", "_result")
         )
 
     def __init__(
@@ -457,21 +459,26 @@ class LocalShellExecutor(ShellExecutor):
             raise
         return conf, call, script_fd
 
+    def _call_setup(self, spec: ShellExecSpec) -> tuple[SubprocessService, Confinement]:
+        """The service and the confinement of a call; the caller settles the confinement
+        once the run is over. An unconfined call skips the confinement hooks: each Python
+        call costs ~1-2 us here when it runs cold, right after a child."""
+        service = self._service if self._service is not None else default_service()
+        return service, (_UNCONFINED if self._plain else self._prepare(spec))
+
     def _shell_call(
-        self, spec: ShellExecSpec, values: dict[str, Any]
-    ) -> tuple[SubprocessService, Confinement, ShellCall, int | None]:
-        """The service, confinement and ``run_shell``/``run_shell_async`` arguments of a
-        foreground call (``values``: the checked spec's fields), and a long command's script
-        fd; the caller settles the confinement and closes the fd once the run is over. An
-        unconfined call skips the confinement hooks: each Python call costs ~1-2 us here when
-        it runs cold, right after a child."""
-        stdin, command = _encoded(spec)
-        service = self._service
-        if service is None:
-            service = default_service()
-        conf = _UNCONFINED if self._plain else self._prepare(spec)
+        self,
+        spec: ShellExecSpec,
+        values: dict[str, Any],
+        service: SubprocessService,
+        conf: Confinement,
+    ) -> tuple[ShellCall, int | None]:
+        """The ``run_shell``/``run_shell_async`` arguments of a foreground call
+        (``values``: the checked spec's fields), and a long command's script fd, which the
+        caller closes once the run is over; on failure the confinement is settled."""
         script_fd = None
         try:
+            stdin, command = _encoded(spec)
             arg, script_fd = self._shell_arg(command)
             call: ShellCall = (
                 self._shell_template(service),
@@ -490,16 +497,26 @@ class LocalShellExecutor(ShellExecutor):
             if script_fd is not None:
                 os.close(script_fd)
             raise
-        return service, conf, call, script_fd
+        return call, script_fd
 
     def _run_foreground(self, spec: ShellExecSpec, values: dict[str, Any]) -> ShellRunResult:
-        """Spawns, waits and collects the call in one native call
-        (``SubprocessService.run_shell``), settles its confinement and completes the result
-        with the sandbox facts; ``values``: the checked spec's fields."""
-        service, conf, call, script_fd = self._shell_call(spec, values)
+        """Spawns, waits and collects the call in one native call, settles its confinement
+        and completes the result with the sandbox facts; ``values``: the checked spec's
+        fields. A confined spec as ``resolve`` made it goes to the core as it is
+        (``SubprocessService.run_spec``); an unconfined one is here because it could not
+        (``run_sync`` tried), so it and any other go through ``run_shell``."""
+        service, conf = self._call_setup(spec)
         plain = self._plain
+        script_fd = None
         try:
-            result = service.run_shell(*call)
+            result = None
+            if not plain and self._native_env:
+                builder = conf.env_builder if conf.env_builder is not None else self._env
+                template = self._shell_template(service)
+                result = service.run_spec(template, builder, spec, conf.ruleset, conf.env)
+            if result is None:
+                call, script_fd = self._shell_call(spec, values, service, conf)
+                result = service.run_shell(*call)
         finally:
             if not plain:
                 conf.settle()
@@ -532,7 +549,7 @@ class LocalShellExecutor(ShellExecutor):
     def _shell_arg(self, command: bytes) -> tuple[bytes, int | None]:
         """The shell's ``-c`` argument, and the sealed memfd it reads a command from that is
         beyond one argument's limit (the caller closes it once spawned)."""
-        if len(command) <= _MAX_ARG_BYTES:
+        if len(command) <= MAX_ARG_BYTES:
             return command, None
         stub = _LONG_COMMAND_STUB if self.shell == "bash" else _POSIX_LONG_COMMAND_STUB
         return stub, _script_memfd(command)
@@ -555,13 +572,20 @@ class LocalShellExecutor(ShellExecutor):
     # -- foreground --------------------------------------------------------------------
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        if self._plain:
+            # The hot path: the core reads a spec as resolve made it itself, in the one
+            # native call that runs it (no Python step of the call runs cold after a child).
+            service = self._service if self._service is not None else default_service()
+            done = service.run_spec(self._shell_template(service), self._env, spec)
+            if done is not None:
+                return done
         values = marked_values(spec)  # a spec as resolve made it needs no new check
         if values is None:
             values = vars(check_spec(spec))
         signal = values["signal"]
         if signal is None:
-            # The hot path: one native call spawns, waits, kills on the timeout and builds
-            # the result records.
+            # One native call spawns, waits, kills on the timeout and builds the result
+            # records.
             return self._run_foreground(spec, values)
         if signal.aborted:
             return self._aborted_before_start(spec)
@@ -605,7 +629,8 @@ class LocalShellExecutor(ShellExecutor):
             return self._aborted_before_start(spec)
         # One native call queues the run, the supervisor keeps its timeout, and the loop is
         # woken once, when it is over.
-        service, conf, call, script_fd = self._shell_call(spec, values)
+        service, conf = self._call_setup(spec)
+        call, script_fd = self._shell_call(spec, values, service, conf)
         plain = self._plain
         try:
             result = await service.run_shell_async(*call, signal, None if plain else conf.settle)

@@ -18,6 +18,7 @@ import atexit
 import itertools
 import logging
 import os
+import posix
 import signal
 import sys
 import tempfile
@@ -28,7 +29,15 @@ from typing import Any, Required, TypeAlias, TypedDict, Unpack, cast
 
 from . import _core
 from .abort import AbortSignal
-from .checks import MAX_BYTES, MAX_TIMEOUT_MS, config_bool, config_int, config_path
+from .checks import (
+    CHECKED_FIELDS,
+    CHECKED_MARK,
+    MAX_BYTES,
+    MAX_TIMEOUT_MS,
+    config_bool,
+    config_int,
+    config_path,
+)
 from .errors import (
     DISPOSED,
     INVALID_REQUEST,
@@ -37,7 +46,13 @@ from .errors import (
     ShellError,
     ShellErrorCode,
 )
-from .types import CollectedOutput, ResourceLimits, ShellResources, ShellRunResult
+from .types import (
+    CollectedOutput,
+    ResourceLimits,
+    ShellExecSpec,
+    ShellResources,
+    ShellRunResult,
+)
 
 _log = logging.getLogger("shellseam")
 
@@ -128,6 +143,19 @@ _core.register_result_types(
     ShellResources,
     ShellRunResult,
     {int(sig): sig.name for sig in signal.Signals},
+)
+
+#: The kernel's limit for one argument (MAX_ARG_STRLEN, with its NUL); longer commands reach
+#: the shell through a sealed memfd.
+MAX_ARG_BYTES = 128 * 1024 - 1
+
+# The core reads a spec ``resolve`` marked checked itself (``SubprocessService.run_spec``).
+_core.register_spec_type(
+    ShellExecSpec,
+    CHECKED_MARK,
+    list(CHECKED_FIELDS),
+    MAX_ARG_BYTES,
+    sys.getfilesystemencoding() == "utf-8",
 )
 
 #: The core record of the limits converted last (a call's limits are almost always its
@@ -559,6 +587,28 @@ class SubprocessService:
             result: ShellRunResult = self._supervisor.run_shell(*native, limits, script_fd)
         except _core.NativeError as err:
             raise _shell_error(err, cwd) from None
+        return result
+
+    def run_spec(
+        self,
+        template: ShellTemplate,
+        builder: EnvBuilder,
+        spec: ShellExecSpec,
+        ruleset: Ruleset | None = None,
+        env: list[tuple[bytes, bytes]] | None = None,
+    ) -> ShellRunResult | None:
+        """``run_shell`` of ``spec`` as an executor's ``resolve`` made and marked it, in one
+        native call that reads the spec itself: the child environment is what ``builder``
+        makes of the harness's with the confinement's ``env`` (``ruleset``) layered on;
+        None, with nothing run, when the spec needs the executor's own path (an abort
+        signal, ``env`` layers, a command beyond one argument, text that is not plain
+        UTF-8, a spec built or changed by hand)."""
+        try:
+            result: ShellRunResult | None = self._supervisor.run_spec(
+                template, builder, posix.environ, spec, ruleset, env or None
+            )
+        except _core.NativeError as err:
+            raise _shell_error(err, spec.workdir) from None
         return result
 
     async def run_shell_async(

@@ -3,6 +3,7 @@
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -59,13 +60,24 @@ struct PyEnviron<'a, 'py> {
 
 impl PyEnviron<'_, '_> {
     /// Whether the mapping holds exactly the objects of `seen`, in order.
+    /// The dict's own entry table is walked with `PyDict_Next` and borrowed references:
+    /// taking a reference to every key and value (as iterating bound items does) writes to
+    /// each object's header, and that is a cache miss per object when the call runs cold.
     fn holds_seen(&self, seen: &[Py<PyAny>]) -> bool {
-        seen.len() == 2 * self.dict.len()
-            && self
-                .dict
-                .iter()
-                .zip(seen.chunks_exact(2))
-                .all(|((k, v), kv)| k.is(&kv[0]) && v.is(&kv[1]))
+        if seen.len() != 2 * self.dict.len() {
+            return false;
+        }
+        let dict = self.dict.as_ptr();
+        let mut pos: ffi::Py_ssize_t = 0;
+        let mut key: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut value: *mut ffi::PyObject = std::ptr::null_mut();
+        seen.chunks_exact(2).all(|kv| {
+            // SAFETY: the GIL is held (`self.dict` is bound to it) and `dict` is a dict;
+            // `PyDict_Next` writes borrowed pointers into `key` and `value`, which are only
+            // compared here, and nothing in this loop runs Python code or changes the dict.
+            let more = unsafe { ffi::PyDict_Next(dict, &mut pos, &mut key, &mut value) } != 0;
+            more && key == kv[0].as_ptr() && value == kv[1].as_ptr()
+        })
     }
 
     fn remember(&self, seen: &mut Vec<Py<PyAny>>) {
@@ -144,15 +156,27 @@ impl EnvBuilder {
         extra: Option<Vec<EnvPair>>,
         managed: Option<Vec<EnvPair>>,
     ) -> PyResult<Env> {
-        let source = PyEnviron {
-            dict: base,
-            seen: &self.seen,
-        };
-        let envp = self.inner.build(
-            &source,
+        let envp = self.envp(
+            base,
             &extra.unwrap_or_default(),
             &managed.unwrap_or_default(),
         )?;
         Ok(Env { envp })
+    }
+}
+
+impl EnvBuilder {
+    /// The child environment of a call with the `extra` and `managed` layers (`build`).
+    pub(crate) fn envp(
+        &self,
+        base: &Bound<'_, PyDict>,
+        extra: &[EnvPair],
+        managed: &[EnvPair],
+    ) -> PyResult<Arc<Vec<CString>>> {
+        let source = PyEnviron {
+            dict: base,
+            seen: &self.seen,
+        };
+        self.inner.build(&source, extra, managed)
     }
 }

@@ -2,24 +2,28 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::contain::CallLimits;
 use super::cstring;
-use super::env::Env;
+use super::env::{Env, EnvBuilder};
 use super::notifier::Notifier;
 use super::proc::Proc;
 use super::results;
 use super::ruleset::Ruleset;
+use super::spec;
+use crate::env::EnvPair;
 use crate::errors::CoreError;
 use crate::process::{Cause, Proc as CoreProc, ProcConfig};
 use crate::spawn::SpawnPlan;
 use crate::spawn_queue::{PendingRun as CorePending, SpawnJob, SpawnQueue};
 use crate::supervisor::Service;
+use crate::sys::lock;
 
 /// The supervisor of one subprocess service.
 #[pyclass(frozen, module = "shellseam._core")]
@@ -93,6 +97,9 @@ pub struct ShellTemplate {
     spill_cap: u64,
     grace_ms: u64,
     cgroup: bool,
+    /// The `ResourceLimits` object `run_spec` last converted, and what it made of it (a
+    /// `ResourceLimits` is frozen: the same object gives the same record).
+    last_limits: Mutex<Option<(Py<PyAny>, Option<CallLimits>)>>,
 }
 
 #[pymethods]
@@ -113,7 +120,51 @@ impl ShellTemplate {
             spill_cap,
             grace_ms,
             cgroup,
+            last_limits: Mutex::new(None),
         }
+    }
+}
+
+impl ShellTemplate {
+    /// The spawn of `<shell> -c <command>` with these settings.
+    #[allow(clippy::too_many_arguments)]
+    fn call<'a>(
+        &self,
+        command: Vec<u8>,
+        cwd: Vec<u8>,
+        env: &'a Env,
+        stdin: Vec<u8>,
+        stdout_cap: usize,
+        ruleset: Option<&'a Ruleset>,
+        limits: Option<&'a CallLimits>,
+        script_fd: Option<i32>,
+    ) -> Call<'a> {
+        Call {
+            program: self.program.clone(),
+            argv: vec![self.argv0.clone(), b"-c".to_vec(), command],
+            cwd,
+            env,
+            stdin,
+            caps: (stdout_cap, self.stderr_cap, self.spill_cap),
+            grace_ms: self.grace_ms,
+            ruleset,
+            script_fd,
+            limits,
+            cgroup: self.cgroup,
+        }
+    }
+
+    /// The core's record of `limits` (a `ResourceLimits`), converted once per object.
+    fn call_limits(&self, limits: &Bound<'_, PyAny>) -> PyResult<Option<CallLimits>> {
+        let mut last = lock(&self.last_limits);
+        if let Some((seen, record)) = last.as_ref() {
+            if seen.is(limits) {
+                return Ok(*record);
+            }
+        }
+        let record = spec::call_limits(limits)?;
+        *last = Some((limits.clone().unbind(), record));
+        Ok(record)
     }
 }
 
@@ -134,6 +185,20 @@ struct Call<'a> {
 }
 
 impl Supervisor {
+    /// Spawns `call` driven by the calling thread, waits up to `timeout_ms` (then kills and
+    /// waits for the end) and builds its `ShellRunResult`.
+    fn run_to_end<'py>(
+        &self,
+        py: Python<'py>,
+        call: Call<'_>,
+        timeout_ms: u64,
+        limits_record: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = Duration::from_millis(timeout_ms).as_secs_f64();
+        let proc = self.start(py, call, timeout_ms > 0)?;
+        super::proc::run_to_end(py, &proc, Some(timeout), timeout_ms, limits_record)
+    }
+
     /// Spawns `call` (GIL released); `defer_watch`: the caller drives it from the start.
     fn start(&self, py: Python<'_>, call: Call<'_>, defer_watch: bool) -> PyResult<Arc<CoreProc>> {
         let (mut plan, cfg) = plan_of(call, defer_watch)?;
@@ -338,19 +403,16 @@ impl Supervisor {
                 Some(unsafe { OwnedFd::from_raw_fd(dup) })
             }
         };
-        let call = Call {
-            program: template.program.clone(),
-            argv: vec![template.argv0.clone(), b"-c".to_vec(), command],
+        let call = template.call(
+            command,
             cwd,
             env,
             stdin,
-            caps: (stdout_cap, template.stderr_cap, template.spill_cap),
-            grace_ms: template.grace_ms,
+            stdout_cap,
             ruleset,
-            script_fd: script.as_ref().map(|fd| fd.as_raw_fd()),
             limits,
-            cgroup: template.cgroup,
-        };
+            script.as_ref().map(|fd| fd.as_raw_fd()),
+        );
         let (plan, cfg) = plan_of(call, false)?;
         let pending = Arc::new(CorePending::default());
         let job = SpawnJob {
@@ -393,22 +455,48 @@ impl Supervisor {
         limits_record: Bound<'py, PyAny>,
         script_fd: Option<i32>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let call = Call {
-            program: template.program.clone(),
-            argv: vec![template.argv0.clone(), b"-c".to_vec(), command],
-            cwd,
-            env,
-            stdin,
-            caps: (stdout_cap, template.stderr_cap, template.spill_cap),
-            grace_ms: template.grace_ms,
-            ruleset,
-            script_fd,
-            limits,
-            cgroup: template.cgroup,
+        let call = template.call(
+            command, cwd, env, stdin, stdout_cap, ruleset, limits, script_fd,
+        );
+        self.run_to_end(py, call, timeout_ms, &limits_record)
+    }
+
+    /// `run_shell` of a resolved `spec` (a `ShellExecSpec` as `resolve` made and marked
+    /// it), read natively, with the child environment `builder` makes of `environ`
+    /// (`posix.environ`) and the confinement's `env` layer, and its `ruleset`; None, with
+    /// nothing run, when the spec needs the Python path (`spec.rs`: an abort signal, env layers, a long command, text that is not plain
+    /// UTF-8, a spec changed or built by hand).
+    #[pyo3(signature = (template, builder, environ, spec, ruleset=None, env=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn run_spec<'py>(
+        &self,
+        py: Python<'py>,
+        template: &ShellTemplate,
+        builder: &EnvBuilder,
+        environ: Bound<'py, PyDict>,
+        spec: Bound<'py, PyAny>,
+        ruleset: Option<&Ruleset>,
+        env: Option<Vec<EnvPair>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(spec) = spec::plain_spec(&spec)? else {
+            return Ok(None);
         };
-        let timeout = Duration::from_millis(timeout_ms).as_secs_f64();
-        let proc = self.start(py, call, timeout_ms > 0)?;
-        super::proc::run_to_end(py, &proc, Some(timeout), timeout_ms, &limits_record)
+        let limits = template.call_limits(&spec.limits)?;
+        let env = Env {
+            envp: builder.envp(&environ, &env.unwrap_or_default(), &[])?,
+        };
+        let call = template.call(
+            spec.command,
+            spec.workdir,
+            &env,
+            spec.stdin,
+            spec.stdout_cap,
+            ruleset,
+            limits.as_ref(),
+            None,
+        );
+        self.run_to_end(py, call, spec.timeout_ms, &spec.limits)
+            .map(Some)
     }
 
     /// Refuses new spawns and requests the kill of every live process (no waiting).

@@ -1,0 +1,149 @@
+"""A resolved spec read by the core itself (``SubprocessService.run_spec``, behind ``run_sync``).
+
+A spec ``resolve`` made and marked goes to the core as it is, in the one native call that
+runs it; anything the core does not read (an abort signal, ``env`` layers, a long command, a
+spec built or changed by hand) takes the executor's Python path. What users rely on: the
+same bytes, status, environment and limits either way, and no step of the Python path left
+out where a subclass or a spec needs it."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+from shellseam import (
+    AbortController,
+    LocalShellExecutor,
+    ResourceLimits,
+    SandboxShellExecutor,
+    ShellError,
+    ShellExecRequest,
+    SubprocessService,
+)
+from shellseam.local import Confinement
+from shellseam.service import ChildEnv
+from shellseam.types import ShellExecSpec
+
+
+@pytest.fixture
+def python_path_refused(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Makes the Python path of a foreground run fail, so that a run that still works
+    went through ``run_spec``."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Python path ran")
+
+    monkeypatch.setattr(SubprocessService, "run_shell", refused)
+    monkeypatch.setattr(LocalShellExecutor, "_child_env", refused)
+    yield
+
+
+def _spec(ex: LocalShellExecutor, command: str, **fields: object) -> ShellExecSpec:
+    return ex.resolve(ShellExecRequest(command=command, **fields))  # type: ignore[arg-type]
+
+
+def test_a_resolved_spec_runs_in_the_core_with_exact_bytes(
+    service: SubprocessService, tmp_path: pathlib.Path, python_path_refused: None
+) -> None:
+    workdir = tmp_path / "répertoire ✓"
+    workdir.mkdir()
+    ex = LocalShellExecutor(cwd=str(workdir), service=service)
+    r = ex.run_sync(_spec(ex, "printf 'ü-%s-' \"$(cat)\"; pwd; echo 'ß' >&2; exit 3", stdin="ñ€"))
+    assert (r.exit_code, r.stdout.text, r.stderr.text) == (3, f"ü-ñ€-{workdir}\n", "ß\n")
+    assert r.stdout.total_bytes == len(f"ü-ñ€-{workdir}\n".encode())
+    assert r.resources.limits == ex.limits and r.sandbox is None
+
+
+def test_bytes_stdin_reaches_the_command_unchanged(
+    ex: LocalShellExecutor, python_path_refused: None
+) -> None:
+    payload = bytes(range(256)) * 3
+    r = ex.run_sync(_spec(ex, "od -An -v -tx1 | tr -d ' \\n'", stdin=payload))
+    assert r.stdout.text == payload.hex()
+
+
+def test_a_sandboxed_spec_runs_in_the_core_with_its_confinement(
+    service: SubprocessService, tmp_path: pathlib.Path, python_path_refused: None
+) -> None:
+    ex = SandboxShellExecutor(mode="read-only", cwd=str(tmp_path), service=service)
+    r = ex.run_sync(_spec(ex, 'test -d "$TMPDIR" && echo tmp ok; touch ./x'))
+    assert r.stdout.text == "tmp ok\n" and r.exit_code == 1
+    assert "Permission denied" in r.stderr.text or "Read-only" in r.stderr.text
+    assert r.sandbox is not None and r.sandbox.denied
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"command": "#" + "x" * (200 * 1024) + "\necho long"},
+        {"command": "echo $SS_LAYER", "env": {"SS_LAYER": "long"}},
+        {"command": "echo long", "signal": AbortController().signal},
+    ],
+    ids=["beyond-one-argument", "env-layer", "abort-signal"],
+)
+def test_specs_the_core_does_not_read_run_the_python_way(
+    ex: LocalShellExecutor, fields: dict[str, object]
+) -> None:
+    r = ex.run_sync(ex.resolve(ShellExecRequest(**fields)))  # type: ignore[arg-type]
+    assert (r.exit_code, r.stdout.text) == (0, "long\n")
+
+
+def test_each_spec_runs_under_its_own_limits(
+    ex: LocalShellExecutor, tmp_path: pathlib.Path
+) -> None:
+    # The core converts a spec's limits once per ResourceLimits object: alternating specs
+    # must each get their own.
+    capped = _spec(
+        ex, "head -c 100000 /dev/zero > big", limits=ResourceLimits(file_size_bytes=4096)
+    )
+    free = _spec(ex, "head -c 100000 /dev/zero > big")
+    for _ in range(2):
+        hit = ex.run_sync(capped)
+        assert hit.resources.limit_exceeded == "file_size" and hit.exit_code == 128 + 25
+        assert hit.resources.limits.file_size_bytes == 4096
+        ok = ex.run_sync(free)
+        assert ok.exit_code == 0 and ok.resources.limit_exceeded is None
+        assert ok.resources.limits == ex.limits
+        assert (tmp_path / "big").stat().st_size == 100000
+
+
+def test_a_subclass_that_builds_its_own_environment_is_honoured(
+    service: SubprocessService, tmp_path: pathlib.Path
+) -> None:
+    class Tagged(SandboxShellExecutor):
+        def _child_env(
+            self, spec: ShellExecSpec, confinement: Confinement | None = None
+        ) -> ChildEnv:
+            env = super()._child_env(spec, confinement)
+            pairs = [*env.pairs(), (b"SS_TAGGED", b"yes")]
+            return type(env).from_pairs(pairs)
+
+    ex = Tagged(mode="danger-full-access", cwd=str(tmp_path), service=service)
+    assert ex.run_sync(_spec(ex, "echo $SS_TAGGED")).stdout.text == "yes\n"
+
+
+def test_a_disposed_service_refuses_a_resolved_spec(tmp_path: pathlib.Path) -> None:
+    service = SubprocessService()
+    ex = LocalShellExecutor(cwd=str(tmp_path), service=service)
+    spec = _spec(ex, "true")
+    assert ex.run_sync(spec).exit_code == 0
+    service.dispose()
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(spec)
+    assert err.value.code == "DISPOSED"
+
+
+def test_a_missing_workdir_is_reported_with_its_path(
+    ex: LocalShellExecutor, tmp_path: pathlib.Path
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    spec = _spec(ex, "true", workdir=str(gone))
+    os.rmdir(gone)
+    with pytest.raises(ShellError) as err:
+        ex.run_sync(spec)
+    assert err.value.code == "SPAWN_FAILED" and str(gone) in err.value.reason
