@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +20,7 @@ from shellseam import (
     AbortController,
     LocalShellExecutor,
     ResourceLimits,
+    SandboxPolicy,
     SandboxShellExecutor,
     ShellError,
     ShellExecRequest,
@@ -25,7 +28,7 @@ from shellseam import (
 )
 from shellseam.local import Confinement
 from shellseam.service import ChildEnv
-from shellseam.types import ShellExecSpec
+from shellseam.types import ShellExecSpec, ShellSandboxInfo
 
 
 @pytest.fixture
@@ -147,3 +150,79 @@ def test_a_missing_workdir_is_reported_with_its_path(
     with pytest.raises(ShellError) as err:
         ex.run_sync(spec)
     assert err.value.code == "SPAWN_FAILED" and str(gone) in err.value.reason
+
+
+# -- a sandboxed call of the policy prepared last ----------------------------------------
+
+
+@pytest.fixture
+def workspaces() -> Iterator[tuple[pathlib.Path, pathlib.Path]]:
+    """Two workspaces outside /tmp (which every confined command may write)."""
+    base = pathlib.Path(tempfile.mkdtemp(prefix="shellseam-spec-", dir="/var/tmp"))
+    a, b = base / "a", base / "b"
+    a.mkdir()
+    b.mkdir()
+    yield a, b
+    shutil.rmtree(base)
+
+
+def test_a_sandboxed_call_of_the_prepared_policy_runs_in_one_native_call(
+    service: SubprocessService,
+    workspaces: tuple[pathlib.Path, pathlib.Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, _ = workspaces
+    ex = SandboxShellExecutor(mode="workspace-write", cwd=str(a), service=service)
+    assert ex.run_sync(_spec(ex, "echo 1 > one")).exit_code == 0  # prepares the policy
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Python path ran")
+
+    monkeypatch.setattr(SubprocessService, "run_spec", refused)
+    monkeypatch.setattr(SandboxShellExecutor, "_prepare", refused)
+    ok = ex.run_sync(_spec(ex, "echo 2 > two && cat one two"))
+    assert (ok.exit_code, ok.stdout.text) == (0, "1\n2\n")
+    assert ok.sandbox is not None and not ok.sandbox.denied
+    assert ok.sandbox.mode == "workspace-write" and ok.sandbox.enforcement == "full"
+    # A nonzero exit is looked at for a denial, as on the Python path.
+    denied = ex.run_sync(_spec(ex, "echo x > /etc/shellseam-probe"))
+    assert denied.exit_code == 1 and denied.sandbox is not None and denied.sandbox.denied
+    plain = ex.run_sync(_spec(ex, "exit 3"))
+    assert plain.exit_code == 3 and plain.sandbox is not None and not plain.sandbox.denied
+    assert not os.path.exists("/etc/shellseam-probe")
+
+
+def test_a_spec_of_another_policy_never_runs_under_the_prepared_one(
+    service: SubprocessService, workspaces: tuple[pathlib.Path, pathlib.Path]
+) -> None:
+    a, b = workspaces
+    ex = SandboxShellExecutor(mode="workspace-write", cwd=str(a), service=service)
+    assert ex.run_sync(_spec(ex, "echo a > f")).exit_code == 0
+    other = SandboxPolicy(mode="workspace-write", workspace_root=str(b))
+    r = ex.run_sync(
+        _spec(ex, f"echo b > f && echo no > {a}/g", sandbox_policy=other, workdir=str(b))
+    )
+    assert r.exit_code == 1 and r.sandbox is not None and r.sandbox.denied
+    assert (b / "f").read_text() == "b\n" and not (a / "g").exists()
+    read_only = SandboxPolicy(mode="read-only", workspace_root=str(a))
+    r = ex.run_sync(_spec(ex, "echo no > h", sandbox_policy=read_only))
+    assert r.exit_code == 1 and r.sandbox is not None and r.sandbox.mode == "read-only"
+    assert not (a / "h").exists()
+    # And back: the first policy's calls still write where they may.
+    assert ex.run_sync(_spec(ex, "echo again > f")).exit_code == 0
+    assert (a / "f").read_text() == "again\n"
+
+
+def test_a_subclass_judging_denials_its_own_way_is_honoured(
+    service: SubprocessService, tmp_path: pathlib.Path
+) -> None:
+    class Strict(SandboxShellExecutor):
+        def _sandbox_info(
+            self, spec: ShellExecSpec, exit_code: int | None, stdout_tail: str, stderr_tail: str
+        ) -> ShellSandboxInfo:
+            return ShellSandboxInfo(mode="workspace-write", denied=True, enforcement="full")
+
+    ex = Strict(mode="workspace-write", cwd=str(tmp_path), service=service)
+    for _ in range(2):
+        r = ex.run_sync(_spec(ex, "true"))
+        assert r.exit_code == 0 and r.sandbox is not None and r.sandbox.denied

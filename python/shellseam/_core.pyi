@@ -6,9 +6,11 @@ from typing import final
 from .types import (
     CollectedOutput,
     ResourceLimits,
+    SandboxPolicy,
     ShellExecSpec,
     ShellResources,
     ShellRunResult,
+    ShellSandboxInfo,
 )
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "CallLimits",
     "Collected",
     "Collector",
+    "ConfinedCall",
     "ContainmentFacts",
     "DisposedError",
     "Env",
@@ -259,6 +262,20 @@ class RootCheck:
         """Whether every path still names its directory, or still names nothing."""
 
 @final
+class ConfinedCall:
+    """A sandboxing executor's prepared call of one policy."""
+
+    def __new__(
+        cls,
+        policy: SandboxPolicy,
+        roots: RootCheck,
+        ruleset: Ruleset,
+        builder: EnvBuilder,
+        env: _Pairs,
+        info: ShellSandboxInfo,
+    ) -> ConfinedCall: ...
+
+@final
 class Resources:
     """Containment facts of one finished call."""
 
@@ -420,6 +437,14 @@ class Supervisor:
         env: _Pairs | None = None,
     ) -> ShellRunResult | None:
         """``run_shell`` of a resolved spec read natively; None when it needs Python."""
+    def run_confined(
+        self,
+        template: ShellTemplate,
+        confined: ConfinedCall,
+        environ: dict[bytes, bytes],
+        spec: ShellExecSpec,
+    ) -> ShellRunResult | None:
+        """``run_spec`` of a spec of ``confined``'s policy whose roots are still the same."""
     def run_shell(
         self,
         template: ShellTemplate,

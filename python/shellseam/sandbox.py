@@ -31,13 +31,21 @@ from .checks import config_bool
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
 from .paths import remove_tree
-from .service import EnvBuilder, RootCheck, Ruleset, SubprocessService
+from .service import (
+    ConfinedCall,
+    EnvBuilder,
+    RootCheck,
+    Ruleset,
+    SubprocessService,
+    default_service,
+)
 from .types import (
     SANDBOX_MODES,
     SandboxEnforcement,
     SandboxMode,
     SandboxPolicy,
     ShellExecSpec,
+    ShellRunResult,
     ShellSandboxInfo,
 )
 
@@ -376,11 +384,41 @@ class SandboxShellExecutor(LocalShellExecutor):
         self._rulesets_lock = threading.Lock()
         self._confined_env = self._env_builder(_CONFINED_DROPS)
         self._cache_envs: dict[str, EnvBuilder] = {}
-        self._prepared: dict[object, tuple[SubprocessService, RootCheck, Confinement]] = {}
+        self._prepared: dict[
+            object, tuple[SubprocessService, RootCheck, Confinement, ConfinedCall]
+        ] = {}
+        #: The workspace-write call prepared last, which ``run_sync`` runs in one native
+        #: call while a spec's policy has its values (a subclass with hooks of its own
+        #: never sets it).
+        self._fast: tuple[SubprocessService, ConfinedCall] | None = None
         #: One record per (mode, network, denied): records are immutable, so results share.
         self._infos: dict[tuple[SandboxMode, bool, bool], ShellSandboxInfo] = {}
         if protect_harness:
             make_harness_non_dumpable()
+
+    #: This class's confinement hooks are its own (a subclass's may not be): the policy
+    #: prepared last then runs in one native call (``run_sync``).
+    _native_confined: bool = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        base = SandboxShellExecutor
+        cls._native_confined = cls._native_env and all(
+            getattr(cls, hook) is getattr(base, hook)
+            for hook in ("_prepare", "_sandbox_info", "_result")
+        )
+
+    def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
+        fast = self._fast
+        if fast is not None:
+            # The hot path: a spec of the policy prepared last, its roots unchanged, runs in
+            # the one native call that checks them (no Python step of it runs cold).
+            service, confined = fast
+            if service is (self._service if self._service is not None else default_service()):
+                done = service.run_confined(self._shell_template(service), confined, spec)
+                if done is not None:
+                    return done if done.sandbox is not None else self._result(spec, done)
+        return super().run_sync(spec)
 
     # -- resolve: validate, realpath and pin the roots ---------------------------------
 
@@ -442,6 +480,8 @@ class SandboxShellExecutor(LocalShellExecutor):
         key = (policy.workspace_root, policy.writable_roots, policy.network, id(service))
         hit = self._prepared.get(key)
         if hit is not None and hit[0] is service and hit[1].still_same():
+            if self._native_confined:
+                self._fast = (service, hit[3])
             return hit[2]
         roots = [policy.workspace_root, *policy.writable_roots, *_SHARED_WRITABLE]
         idents = self._writable_identities(roots, service)
@@ -456,7 +496,8 @@ class SandboxShellExecutor(LocalShellExecutor):
         if cache_pin is not None:
             idents.append(cache_pin[1])
         ruleset = self._cached_ruleset(idents, policy.network, read_only=False)
-        conf = Confinement(ruleset=ruleset, env_builder=self._cache_env(cache))
+        builder = self._cache_env(cache)
+        conf = Confinement(ruleset=ruleset, env_builder=builder)
         # The next call of this policy only re-checks that every root is the same directory
         # (one stat each, natively).
         checks = [
@@ -464,9 +505,14 @@ class SandboxShellExecutor(LocalShellExecutor):
             for path in dict.fromkeys((*roots, cache))
             for got in (self._pins.pin(path, writable=True),)
         ]
+        roots_check = RootCheck(checks)
+        info = self._info(policy.mode, policy.network, denied=False)
+        confined = ConfinedCall(policy, roots_check, ruleset, builder, conf.env, info)
         if len(self._prepared) >= _RULESET_CACHE_SIZE:
             self._prepared.clear()
-        self._prepared[key] = (service, RootCheck(checks), conf)
+        self._prepared[key] = (service, roots_check, conf, confined)
+        if self._native_confined:
+            self._fast = (service, confined)
         return conf
 
     def _cache_env(self, cache: str) -> EnvBuilder:
@@ -552,11 +598,14 @@ class SandboxShellExecutor(LocalShellExecutor):
         policy = self._policy(spec)
         mode = policy.mode
         denied = mode != "danger-full-access" and is_denial(exit_code, stdout_tail, stderr_tail)
-        key = (mode, policy.network, denied)
+        return self._info(mode, policy.network, denied)
+
+    def _info(self, mode: SandboxMode, network: bool, denied: bool) -> ShellSandboxInfo:
+        key = (mode, network, denied)
         info = self._infos.get(key)
         if info is None:
             info = self._infos[key] = ShellSandboxInfo(
-                mode=mode, denied=denied, enforcement=enforcement_for(mode, policy.network)
+                mode=mode, denied=denied, enforcement=enforcement_for(mode, network)
             )
         return info
 

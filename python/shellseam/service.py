@@ -66,6 +66,8 @@ ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
 RootCheck: TypeAlias = _core.RootCheck
+#: A sandboxing executor's prepared call of one policy (``SubprocessService.run_confined``).
+ConfinedCall: TypeAlias = _core.ConfinedCall
 ShellTemplate: TypeAlias = _core.ShellTemplate
 #: ``SubprocessService.run_shell``'s and ``run_shell_async``'s arguments for one call, in their
 #: order: template, command, working directory, environment, stdin, stdout cap, ruleset,
@@ -606,6 +608,23 @@ class SubprocessService:
         try:
             result: ShellRunResult | None = self._supervisor.run_spec(
                 template, builder, posix.environ, spec, ruleset, env or None
+            )
+        except _core.NativeError as err:
+            raise _shell_error(err, spec.workdir) from None
+        return result
+
+    def run_confined(
+        self, template: ShellTemplate, confined: ConfinedCall, spec: ShellExecSpec
+    ) -> ShellRunResult | None:
+        """``run_spec`` of a spec whose sandbox policy has the values ``confined`` was
+        prepared for, with its ruleset and environment, once its roots were found to be
+        the same directories still: one native call. The result carries ``confined``'s
+        sandbox record unless the command exited nonzero (the caller then looks for a
+        denial). None, with nothing run, when ``run_spec`` would return None, the policy is
+        another, or a root changed."""
+        try:
+            result: ShellRunResult | None = self._supervisor.run_confined(
+                template, confined, posix.environ, spec
             )
         except _core.NativeError as err:
             raise _shell_error(err, spec.workdir) from None

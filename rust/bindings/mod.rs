@@ -167,6 +167,7 @@ pub fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(floor::bench_session_spawn, m)?)?;
     m.add_function(wrap_pyfunction!(results::register_result_types, m)?)?;
     m.add_function(wrap_pyfunction!(spec::register_spec_type, m)?)?;
+    m.add_class::<spec::ConfinedCall>()?;
     m.add_class::<records::Rusage>()?;
     m.add_class::<records::Outcome>()?;
     m.add_class::<records::Collected>()?;

@@ -140,7 +140,7 @@ impl RootCheck {
 
     /// Whether every path still names the directory it was pinned to, or still names
     /// nothing.
-    fn still_same(&self) -> bool {
+    pub(crate) fn still_same(&self) -> bool {
         self.entries.iter().all(
             |(path, ident)| match nix::sys::stat::stat(path.as_c_str()) {
                 Ok(st) => Some((st.st_dev, st.st_ino)) == *ident,

@@ -15,6 +15,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple, PyType};
 
 use super::contain::CallLimits;
+use super::env::EnvBuilder;
+use super::ruleset::{RootCheck, Ruleset};
+use crate::env::EnvPair;
 
 /// What Python registered of the spec class (`register_spec_type`).
 struct SpecType {
@@ -64,6 +67,8 @@ pub(crate) struct PlainSpec<'py> {
     pub stdout_cap: usize,
     /// The spec's `ResourceLimits` (stamped on the result).
     pub limits: Bound<'py, PyAny>,
+    /// Its `SandboxPolicy` (None for an unconfined executor's spec).
+    pub policy: Bound<'py, PyAny>,
 }
 
 /// The UTF-8 bytes of `value` when it is a str without surrogates.
@@ -140,6 +145,7 @@ pub(crate) fn plain_spec<'py>(spec: &Bound<'py, PyAny>) -> PyResult<Option<Plain
         timeout_ms: field(intern!(py, "timeout_ms"))?.extract()?,
         stdout_cap: field(intern!(py, "stdout_max_bytes"))?.extract()?,
         limits: field(intern!(py, "limits"))?,
+        policy: field(intern!(py, "sandbox_policy"))?,
     }))
 }
 
@@ -158,4 +164,80 @@ pub(crate) fn call_limits(limits: &Bound<'_, PyAny>) -> PyResult<Option<CallLimi
         file_size_bytes: get(intern!(py, "file_size_bytes"))?,
         open_files: get(intern!(py, "open_files"))?,
     }))
+}
+
+/// The `SandboxPolicy` fields a prepared confinement depends on.
+const POLICY_FIELDS: [&str; 4] = ["mode", "workspace_root", "writable_roots", "network"];
+
+/// A sandboxing executor's prepared call of one policy (`Supervisor.run_confined`): the
+/// policy's values, the roots checked again at every call, the ruleset, the environment
+/// builder and layer, and the sandbox record of a result that is no denial.
+#[pyclass(frozen, module = "shellseam._core")]
+pub struct ConfinedCall {
+    /// The values of `POLICY_FIELDS` of the policy it was prepared for.
+    policy: Vec<Py<PyAny>>,
+    roots: Py<RootCheck>,
+    pub(crate) ruleset: Py<Ruleset>,
+    pub(crate) builder: Py<EnvBuilder>,
+    pub(crate) env: Vec<EnvPair>,
+    info: Py<PyAny>,
+}
+
+#[pymethods]
+impl ConfinedCall {
+    #[new]
+    fn new(
+        policy: &Bound<'_, PyAny>,
+        roots: Py<RootCheck>,
+        ruleset: Py<Ruleset>,
+        builder: Py<EnvBuilder>,
+        env: Vec<EnvPair>,
+        info: Py<PyAny>,
+    ) -> PyResult<Self> {
+        let policy = POLICY_FIELDS
+            .iter()
+            .map(|name| policy.getattr(*name).map(Bound::unbind))
+            .collect::<PyResult<_>>()?;
+        Ok(Self {
+            policy,
+            roots,
+            ruleset,
+            builder,
+            env,
+            info,
+        })
+    }
+}
+
+impl ConfinedCall {
+    /// Whether `policy` has the values this call was prepared for, and every root still
+    /// names the directory it was pinned to.
+    pub(crate) fn matches(&self, policy: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = policy.py();
+        if policy.is_none() {
+            return Ok(false);
+        }
+        for (name, prepared) in POLICY_FIELDS.iter().zip(&self.policy) {
+            let Ok(value) = policy.getattr(*name) else {
+                return Ok(false);
+            };
+            if !value.eq(prepared.bind(py))? {
+                return Ok(false);
+            }
+        }
+        Ok(self.roots.get().still_same())
+    }
+
+    /// Sets the sandbox record of `result` when it cannot read as a denial: its command
+    /// exited 0 or has no exit code (killed by a signal).
+    pub(crate) fn stamp(&self, result: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = result.py();
+        let code = result.getattr(intern!(py, "exit_code"))?;
+        if !code.is_none() && code.extract::<i64>().map_or(true, |c| c != 0) {
+            return Ok(());
+        }
+        result
+            .getattr(intern!(py, "__dict__"))?
+            .set_item(intern!(py, "sandbox"), self.info.bind(py))
+    }
 }

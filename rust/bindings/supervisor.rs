@@ -1,5 +1,6 @@
 //! `_core.Supervisor`: one subprocess service.
 
+use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use super::notifier::Notifier;
 use super::proc::Proc;
 use super::results;
 use super::ruleset::Ruleset;
-use super::spec;
+use super::spec::{self, ConfinedCall};
 use crate::env::EnvPair;
 use crate::errors::CoreError;
 use crate::process::{Cause, Proc as CoreProc, ProcConfig};
@@ -185,6 +186,30 @@ struct Call<'a> {
 }
 
 impl Supervisor {
+    /// `run_shell` of a spec read natively, in the child environment `envp`.
+    fn run_plain<'py>(
+        &self,
+        py: Python<'py>,
+        template: &ShellTemplate,
+        spec: spec::PlainSpec<'py>,
+        envp: Arc<Vec<CString>>,
+        ruleset: Option<&Ruleset>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let limits = template.call_limits(&spec.limits)?;
+        let env = Env { envp };
+        let call = template.call(
+            spec.command,
+            spec.workdir,
+            &env,
+            spec.stdin,
+            spec.stdout_cap,
+            ruleset,
+            limits.as_ref(),
+            None,
+        );
+        self.run_to_end(py, call, spec.timeout_ms, &spec.limits)
+    }
+
     /// Spawns `call` driven by the calling thread, waits up to `timeout_ms` (then kills and
     /// waits for the end) and builds its `ShellRunResult`.
     fn run_to_end<'py>(
@@ -464,8 +489,9 @@ impl Supervisor {
     /// `run_shell` of a resolved `spec` (a `ShellExecSpec` as `resolve` made and marked
     /// it), read natively, with the child environment `builder` makes of `environ`
     /// (`posix.environ`) and the confinement's `env` layer, and its `ruleset`; None, with
-    /// nothing run, when the spec needs the Python path (`spec.rs`: an abort signal, env layers, a long command, text that is not plain
-    /// UTF-8, a spec changed or built by hand).
+    /// nothing run, when the spec needs the Python path (`spec.rs`: an abort signal, env
+    /// layers, a long command, text that is not plain UTF-8, a spec changed or built by
+    /// hand).
     #[pyo3(signature = (template, builder, environ, spec, ruleset=None, env=None))]
     #[allow(clippy::too_many_arguments)]
     fn run_spec<'py>(
@@ -481,22 +507,34 @@ impl Supervisor {
         let Some(spec) = spec::plain_spec(&spec)? else {
             return Ok(None);
         };
-        let limits = template.call_limits(&spec.limits)?;
-        let env = Env {
-            envp: builder.envp(&environ, &env.unwrap_or_default(), &[])?,
+        let env = builder.envp(&environ, &env.unwrap_or_default(), &[])?;
+        self.run_plain(py, template, spec, env, ruleset).map(Some)
+    }
+
+    /// `run_spec` of a spec whose sandbox policy is the one `confined` was prepared for,
+    /// with its ruleset and environment, after its roots were found to be the same
+    /// directories still; the result carries `confined`'s sandbox record when the command
+    /// exited 0 (no denial to look for: the caller completes any other). None, with
+    /// nothing run, when the spec needs the Python path (`run_spec`), has another policy,
+    /// or a root changed (the caller prepares the policy again).
+    fn run_confined<'py>(
+        &self,
+        py: Python<'py>,
+        template: &ShellTemplate,
+        confined: &ConfinedCall,
+        environ: Bound<'py, PyDict>,
+        spec: Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(spec) = spec::plain_spec(&spec)? else {
+            return Ok(None);
         };
-        let call = template.call(
-            spec.command,
-            spec.workdir,
-            &env,
-            spec.stdin,
-            spec.stdout_cap,
-            ruleset,
-            limits.as_ref(),
-            None,
-        );
-        self.run_to_end(py, call, spec.timeout_ms, &spec.limits)
-            .map(Some)
+        if !confined.matches(&spec.policy)? {
+            return Ok(None);
+        }
+        let env = confined.builder.get().envp(&environ, &confined.env, &[])?;
+        let result = self.run_plain(py, template, spec, env, Some(confined.ruleset.get()))?;
+        confined.stamp(&result)?;
+        Ok(Some(result))
     }
 
     /// Refuses new spawns and requests the kill of every live process (no waiting).
