@@ -3,16 +3,17 @@
 //! waited for it.
 //!
 //! Python registers the classes once (`register_result_types`). An instance is made the way
-//! `copy` and `pickle` make one: `object.__new__(cls)`, then its `__dict__` filled in field
-//! order. The frozen dataclass `__init__` (an `object.__setattr__` call per field, run cold
-//! right after a child process ran) is skipped; the instances are the same in every way
-//! that can be observed (fields, order, equality, hash, repr, pickling).
+//! `copy` and `pickle` make one: `object.__new__(cls)`, then its fields set in order as
+//! `object.__setattr__` sets them. The frozen dataclass `__init__` (a Python call per
+//! field, run cold right after a child process ran) is skipped; the instances are the same
+//! in every way that can be observed (fields, order, equality, hash, repr, pickling).
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::{PyDict, PyString, PyType};
+use pyo3::{ffi, IntoPyObjectExt};
 
 use crate::collector::Collected;
 use crate::process::{Outcome, Proc};
@@ -60,17 +61,40 @@ fn types(py: Python<'_>) -> PyResult<&Types> {
         .ok_or_else(|| PyRuntimeError::new_err("shellseam result types are not registered"))
 }
 
-/// A new, empty instance of `cls` and its `__dict__`.
+/// A new, empty instance of `cls`, and the setter of its fields.
 fn blank<'py>(
     py: Python<'py>,
     t: &Types,
     cls: &Py<PyType>,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
+) -> PyResult<(Bound<'py, PyAny>, Fields<'py>)> {
     let obj = t.new.bind(py).call1((cls.bind(py),))?;
-    let dict = obj
-        .getattr(intern!(py, "__dict__"))?
-        .cast_into::<PyDict>()?;
-    Ok((obj, dict))
+    Ok((obj.clone(), Fields(obj)))
+}
+
+/// Sets the fields of a new record as `object.__setattr__` does (the frozen dataclass's
+/// `__init__` does the same): straight into the instance's attribute storage, which
+/// asking for its `__dict__` first would turn into a dict of its own.
+struct Fields<'py>(Bound<'py, PyAny>);
+
+impl<'py> Fields<'py> {
+    fn set_item<V: IntoPyObject<'py>>(
+        &self,
+        name: &Bound<'py, PyString>,
+        value: V,
+    ) -> PyResult<()> {
+        let py = self.0.py();
+        let value = value.into_bound_py_any(py)?;
+        // SAFETY: the GIL is held (the objects are bound to it); `self.0` is an instance of a
+        // plain Python class (its type's `tp_dictoffset` is set: dataclasses without
+        // slots), `name` a str and `value` a live object, each borrowed for the call.
+        let done =
+            unsafe { ffi::PyObject_GenericSetAttr(self.0.as_ptr(), name.as_ptr(), value.as_ptr()) };
+        if done == 0 {
+            Ok(())
+        } else {
+            Err(PyErr::fetch(py))
+        }
+    }
 }
 
 fn collected_output<'py>(py: Python<'py>, t: &Types, c: Collected) -> PyResult<Bound<'py, PyAny>> {
