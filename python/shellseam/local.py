@@ -14,7 +14,7 @@ import posix
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from .checks import (
     MAX_BYTES,
@@ -45,12 +45,15 @@ from .service import (
     ChildEnv,
     EnvBuilder,
     ManagedProcess,
+    NativeError,
     Ruleset,
     ShellCall,
     ShellTemplate,
     SpawnArgs,
+    SpecRunner,
     SubprocessService,
     default_service,
+    native_error,
 )
 from .types import (
     ResourceLimits,
@@ -65,6 +68,10 @@ from .types import (
 )
 
 ContainmentMode = Literal["auto", "session"]
+
+#: An executor's service, its spawn settings for it, and its spec runner
+#: (``SubprocessService.spec_runner``).
+_Shell: TypeAlias = tuple[SubprocessService, ShellTemplate, SpecRunner]
 
 #: The default ceilings: a fork bomb stops at 4096 processes instead of taking the host.
 DEFAULT_LIMITS = ResourceLimits(max_processes=4096)
@@ -110,6 +117,7 @@ _TEMPLATE_SETTINGS = frozenset(
         "containment",
         "_shell_program",
         "_shell_argv0",
+        "_env",
     }
 )
 #: How bash runs a long command: it reads the script from fd 3 (a sealed memfd) and
@@ -318,7 +326,7 @@ class LocalShellExecutor(ShellExecutor):
         self._env = self._env_builder(())
         #: The settings ``run_shell`` takes from this executor, with the service they were
         #: made for; None once one of them changed (``__setattr__``).
-        self._template: tuple[SubprocessService, ShellTemplate] | None = None
+        self._template: _Shell | None = None
 
     def _env_builder(
         self, drop_names: Sequence[bytes], fixed: Sequence[tuple[str, str]] = ()
@@ -530,11 +538,12 @@ class LocalShellExecutor(ShellExecutor):
             # The template is made again, from the new value, at the next run.
             object.__setattr__(self, "_template", None)
 
-    def _shell_template(self, service: SubprocessService) -> ShellTemplate:
-        """The executor's fixed spawn settings for ``run_shell`` with ``service``, made again
-        when the service is another or a setting changed (``__setattr__``)."""
-        template = self._template
-        if template is None or template[0] is not service:
+    def _shell(self, service: SubprocessService) -> _Shell:
+        """The executor's fixed spawn settings for ``run_shell`` with ``service``, and its
+        spec runner, made again when the service is another or a setting changed
+        (``__setattr__``)."""
+        shell = self._template
+        if shell is None or shell[0] is not service:
             made = service.shell_template(
                 self._shell_program,
                 self._shell_argv0,
@@ -543,8 +552,11 @@ class LocalShellExecutor(ShellExecutor):
                 self.grace_ms,
                 self.containment == "auto",
             )
-            template = self._template = (service, made)
-        return template[1]
+            shell = self._template = (service, made, service.spec_runner(made, self._env))
+        return shell
+
+    def _shell_template(self, service: SubprocessService) -> ShellTemplate:
+        return self._shell(service)[1]
 
     def _shell_arg(self, command: bytes) -> tuple[bytes, int | None]:
         """The shell's ``-c`` argument, and the sealed memfd it reads a command from that is
@@ -574,9 +586,16 @@ class LocalShellExecutor(ShellExecutor):
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:
         if self._plain:
             # The hot path: the core reads a spec as resolve made it itself, in the one
-            # native call that runs it (no Python step of the call runs cold after a child).
+            # native call that runs it (no Python step of the call runs cold after a child,
+            # not even a method of the service's: the runner is that call, bound).
             service = self._service if self._service is not None else default_service()
-            done = service.run_spec(self._shell_template(service), self._env, spec)
+            shell = self._template
+            if shell is None or shell[0] is not service:
+                shell = self._shell(service)
+            try:
+                done = shell[2](spec)
+            except NativeError as err:
+                raise native_error(err, spec.workdir) from None
             if done is not None:
                 return done
         values = marked_values(spec)  # a spec as resolve made it needs no new check

@@ -34,10 +34,14 @@ from .paths import remove_tree
 from .service import (
     ConfinedCall,
     EnvBuilder,
+    NativeError,
     RootCheck,
     Ruleset,
+    ShellTemplate,
+    SpecRunner,
     SubprocessService,
     default_service,
+    native_error,
 )
 from .types import (
     SANDBOX_MODES,
@@ -390,7 +394,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         #: The workspace-write call prepared last, which ``run_sync`` runs in one native
         #: call while a spec's policy has its values (a subclass with hooks of its own
         #: never sets it).
-        self._fast: tuple[SubprocessService, ConfinedCall] | None = None
+        self._fast: tuple[SubprocessService, ShellTemplate, SpecRunner] | None = None
         #: One record per (mode, network, denied): records are immutable, so results share.
         self._infos: dict[tuple[SandboxMode, bool, bool], ShellSandboxInfo] = {}
         if protect_harness:
@@ -412,10 +416,19 @@ class SandboxShellExecutor(LocalShellExecutor):
         fast = self._fast
         if fast is not None:
             # The hot path: a spec of the policy prepared last, its roots unchanged, runs in
-            # the one native call that checks them (no Python step of it runs cold).
-            service, confined = fast
-            if service is (self._service if self._service is not None else default_service()):
-                done = service.run_confined(self._shell_template(service), confined, spec)
+            # the one native call that checks them (no Python step of it runs cold), while
+            # the service and the spawn settings are the ones it was bound to.
+            service, template, run = fast
+            shell = self._template
+            if (
+                service is (self._service if self._service is not None else default_service())
+                and shell is not None
+                and shell[1] is template
+            ):
+                try:
+                    done = run(spec)
+                except NativeError as err:
+                    raise native_error(err, spec.workdir) from None
                 if done is not None:
                     return done if done.sandbox is not None else self._result(spec, done)
         return super().run_sync(spec)
@@ -480,8 +493,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         key = (policy.workspace_root, policy.writable_roots, policy.network, id(service))
         hit = self._prepared.get(key)
         if hit is not None and hit[0] is service and hit[1].still_same():
-            if self._native_confined:
-                self._fast = (service, hit[3])
+            self._bind_fast(service, hit[3])
             return hit[2]
         roots = [policy.workspace_root, *policy.writable_roots, *_SHARED_WRITABLE]
         idents = self._writable_identities(roots, service)
@@ -511,9 +523,15 @@ class SandboxShellExecutor(LocalShellExecutor):
         if len(self._prepared) >= _RULESET_CACHE_SIZE:
             self._prepared.clear()
         self._prepared[key] = (service, roots_check, conf, confined)
-        if self._native_confined:
-            self._fast = (service, confined)
+        self._bind_fast(service, confined)
         return conf
+
+    def _bind_fast(self, service: SubprocessService, confined: ConfinedCall) -> None:
+        """Makes ``confined`` the call ``run_sync`` runs natively (unless a subclass has
+        hooks of its own)."""
+        if self._native_confined:
+            template = self._shell_template(service)
+            self._fast = (service, template, service.confined_runner(template, confined))
 
     def _cache_env(self, cache: str) -> EnvBuilder:
         """The confined environment rules with the cache variables fixed (a call's own env

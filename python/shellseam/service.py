@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import itertools
 import logging
 import os
@@ -66,7 +67,11 @@ ChildEnv: TypeAlias = _core.Env
 EnvBuilder: TypeAlias = _core.EnvBuilder
 Ruleset: TypeAlias = _core.Ruleset
 RootCheck: TypeAlias = _core.RootCheck
-#: A sandboxing executor's prepared call of one policy (``SubprocessService.run_confined``).
+#: A failure of the core (``native_error`` turns it into a ``ShellError``).
+NativeError: TypeAlias = _core.NativeError
+#: ``run_spec`` with an executor's template and environment rules bound (``spec_runner``).
+SpecRunner: TypeAlias = Callable[[ShellExecSpec], ShellRunResult | None]
+#: A sandboxing executor's prepared call of one policy (``SubprocessService.confined_runner``).
 ConfinedCall: TypeAlias = _core.ConfinedCall
 ShellTemplate: TypeAlias = _core.ShellTemplate
 #: ``SubprocessService.run_shell``'s and ``run_shell_async``'s arguments for one call, in their
@@ -253,6 +258,11 @@ def _native_shell_args(
         _call_limits(limits),
         timeout_ms,
     )
+
+
+def native_error(err: NativeError, cwd: str | None = None) -> ShellError:
+    """The ShellError of a failure of a native call made outside this module."""
+    return _shell_error(err, cwd)
 
 
 def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
@@ -591,6 +601,16 @@ class SubprocessService:
             raise _shell_error(err, cwd) from None
         return result
 
+    def spec_runner(self, template: ShellTemplate, builder: EnvBuilder) -> SpecRunner:
+        """``run_spec`` of an unconfined executor's specs with ``template`` and ``builder``,
+        as the native call itself with its other arguments bound (no Python frame runs
+        between the caller and the core); it raises ``NativeError``, which
+        ``native_error`` turns into the ``ShellError`` ``run_spec`` raises."""
+        runner: SpecRunner = functools.partial(
+            self._supervisor.run_spec, template, builder, posix.environ
+        )
+        return runner
+
     def run_spec(
         self,
         template: ShellTemplate,
@@ -613,22 +633,18 @@ class SubprocessService:
             raise _shell_error(err, spec.workdir) from None
         return result
 
-    def run_confined(
-        self, template: ShellTemplate, confined: ConfinedCall, spec: ShellExecSpec
-    ) -> ShellRunResult | None:
+    def confined_runner(self, template: ShellTemplate, confined: ConfinedCall) -> SpecRunner:
         """``run_spec`` of a spec whose sandbox policy has the values ``confined`` was
         prepared for, with its ruleset and environment, once its roots were found to be
-        the same directories still: one native call. The result carries ``confined``'s
-        sandbox record unless the command exited nonzero (the caller then looks for a
-        denial). None, with nothing run, when ``run_spec`` would return None, the policy is
-        another, or a root changed."""
-        try:
-            result: ShellRunResult | None = self._supervisor.run_confined(
-                template, confined, posix.environ, spec
-            )
-        except _core.NativeError as err:
-            raise _shell_error(err, spec.workdir) from None
-        return result
+        the same directories still, as the native call itself with its other arguments
+        bound (as ``spec_runner``). The result carries ``confined``'s sandbox record
+        unless the command exited nonzero (the caller then looks for a denial). The runner
+        returns None, with nothing run, when ``run_spec`` would, the policy is another, or a
+        root changed."""
+        runner: SpecRunner = functools.partial(
+            self._supervisor.run_confined, template, confined, posix.environ
+        )
+        return runner
 
     async def run_shell_async(
         self,

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import math
 import os
+import posix
 import resource
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ from shellseam import (
     SubprocessService,
 )
 
-from ..service import _call_limits, default_spill_parent
+from ..service import default_spill_parent
 from .child import ChildServer, run_child
 from .harness import (
     BASH,
@@ -64,30 +65,16 @@ def bench_sequential(h: Harness, cfg: Config) -> list[Row]:
     # which side of the binding an overhead over the floor lives on.
     core = shellseam._core.Supervisor(tempfile.gettempdir())
     env_block = shellseam._core.Env.from_pairs(list(h.env.items()))
-    cwd = os.fsencode(spec.workdir)
     argv = [a.encode() for a in TRUE_ARGV]
-
-    limits = _call_limits(spec.limits)
     local = h.local
     template = shellseam._core.ShellTemplate(
         BASH.encode(), b"bash", local.max_output_bytes, local.max_spill_bytes, local.grace_ms, True
     )
-    command = TRUE_ARGV[-1].encode()
+    builder = local._env
 
     def core_only() -> None:
-        # What run_sync's one native call does, with everything it takes prepared.
-        core.run_shell(
-            template,
-            command,
-            cwd,
-            env_block,
-            b"",
-            spec.stdout_max_bytes,
-            None,
-            limits,
-            spec.timeout_ms,
-            spec.limits,
-        )
+        # run_sync's one native call, made straight (on a supervisor of its own).
+        core.run_spec(template, builder, posix.environ, spec)
 
     try:
         samples = interleaved(
