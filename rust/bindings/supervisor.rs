@@ -514,7 +514,8 @@ impl Supervisor {
     /// `run_spec` of a spec whose sandbox policy is the one `confined` was prepared for,
     /// with its ruleset and environment, after its roots were found to be the same
     /// directories still; the result carries `confined`'s sandbox record when the command
-    /// exited 0 (no denial to look for: the caller completes any other). None, with
+    /// exited 0 or was killed by a signal (no denial to look for: the caller completes any
+    /// other). None, with
     /// nothing run, when the spec needs the Python path (`run_spec`), has another policy,
     /// or a root changed (the caller prepares the policy again).
     fn run_confined<'py>(
