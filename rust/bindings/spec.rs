@@ -166,16 +166,36 @@ pub(crate) fn call_limits(limits: &Bound<'_, PyAny>) -> PyResult<Option<CallLimi
     }))
 }
 
-/// The `SandboxPolicy` fields a prepared confinement depends on.
-const POLICY_FIELDS: [&str; 4] = ["mode", "workspace_root", "writable_roots", "network"];
+/// The values of a `SandboxPolicy` a prepared confinement depends on, as their text and
+/// truth (read as the core reads a str: its characters, whatever a subclass's `__eq__`
+/// would say).
+#[derive(PartialEq, Eq)]
+struct PolicyValues {
+    mode: String,
+    workspace_root: String,
+    writable_roots: Vec<String>,
+    network: bool,
+}
+
+impl PolicyValues {
+    fn of(policy: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = policy.py();
+        Ok(Self {
+            mode: policy.getattr(intern!(py, "mode"))?.extract()?,
+            workspace_root: policy.getattr(intern!(py, "workspace_root"))?.extract()?,
+            writable_roots: policy.getattr(intern!(py, "writable_roots"))?.extract()?,
+            network: policy.getattr(intern!(py, "network"))?.extract()?,
+        })
+    }
+}
 
 /// A sandboxing executor's prepared call of one policy (`Supervisor.run_confined`): the
 /// policy's values, the roots checked again at every call, the ruleset, the environment
 /// builder and layer, and the sandbox record of a result that is no denial.
 #[pyclass(frozen, module = "shellseam._core")]
 pub struct ConfinedCall {
-    /// The values of `POLICY_FIELDS` of the policy it was prepared for.
-    policy: Vec<Py<PyAny>>,
+    /// The values of the policy it was prepared for.
+    policy: PolicyValues,
     roots: Py<RootCheck>,
     pub(crate) ruleset: Py<Ruleset>,
     pub(crate) builder: Py<EnvBuilder>,
@@ -194,12 +214,8 @@ impl ConfinedCall {
         env: Vec<EnvPair>,
         info: Py<PyAny>,
     ) -> PyResult<Self> {
-        let policy = POLICY_FIELDS
-            .iter()
-            .map(|name| policy.getattr(*name).map(Bound::unbind))
-            .collect::<PyResult<_>>()?;
         Ok(Self {
-            policy,
+            policy: PolicyValues::of(policy)?,
             roots,
             ruleset,
             builder,
@@ -212,20 +228,10 @@ impl ConfinedCall {
 impl ConfinedCall {
     /// Whether `policy` has the values this call was prepared for, and every root still
     /// names the directory it was pinned to.
-    pub(crate) fn matches(&self, policy: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let py = policy.py();
-        if policy.is_none() {
-            return Ok(false);
-        }
-        for (name, prepared) in POLICY_FIELDS.iter().zip(&self.policy) {
-            let Ok(value) = policy.getattr(*name) else {
-                return Ok(false);
-            };
-            if !value.eq(prepared.bind(py))? {
-                return Ok(false);
-            }
-        }
-        Ok(self.roots.get().still_same())
+    pub(crate) fn matches(&self, policy: &Bound<'_, PyAny>) -> bool {
+        !policy.is_none()
+            && PolicyValues::of(policy).is_ok_and(|values| values == self.policy)
+            && self.roots.get().still_same()
     }
 
     /// Sets the sandbox record of `result` when it cannot read as a denial: its command

@@ -529,7 +529,7 @@ impl Supervisor {
         let Some(spec) = spec::plain_spec(&spec)? else {
             return Ok(None);
         };
-        if !confined.matches(&spec.policy)? {
+        if !confined.matches(&spec.policy) {
             return Ok(None);
         }
         let env = confined.builder.get().envp(&environ, &confined.env, &[])?;
