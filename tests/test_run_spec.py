@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -28,7 +31,7 @@ from shellseam import (
 )
 from shellseam.local import Confinement
 from shellseam.service import ChildEnv
-from shellseam.types import ShellExecSpec, ShellSandboxInfo
+from shellseam.types import ShellExecSpec, ShellRunResult, ShellSandboxInfo
 
 
 @pytest.fixture
@@ -226,3 +229,87 @@ def test_a_subclass_judging_denials_its_own_way_is_honoured(
     for _ in range(2):
         r = ex.run_sync(_spec(ex, "true"))
         assert r.exit_code == 0 and r.sandbox is not None and r.sandbox.denied
+
+
+# -- what the core does not take over ------------------------------------------------------
+
+
+_DEADLOCK_PROBE = """
+import dataclasses, sys, threading, time
+from shellseam import LocalShellExecutor, ResourceLimits, ShellExecRequest, SubprocessService
+
+@dataclasses.dataclass(frozen=True)
+class Slow(ResourceLimits):
+    def __getattribute__(self, name):
+        time.sleep(0.002)
+        return super().__getattribute__(name)
+
+service = SubprocessService()
+ex = LocalShellExecutor(cwd=sys.argv[1], service=service, limits=Slow(max_processes=64))
+specs = [ex.resolve(ShellExecRequest(command=f"echo {i}")) for i in range(4)]
+results = []
+
+def calls(spec):
+    for _ in range(5):
+        results.append(ex.run_sync(spec).stdout.text)
+
+threads = [threading.Thread(target=calls, args=(s,)) for s in specs]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+service.dispose()
+print("".join(sorted(results)), end="")
+"""
+
+
+def test_limits_whose_reads_let_other_threads_in_never_deadlock(tmp_path: pathlib.Path) -> None:
+    # The core converts a spec's limits once per object under a lock of its own: reading a
+    # subclass's attributes runs Python code, which lets another thread in while the first
+    # waits for the GIL; that thread must never wait for the lock holding the GIL. In a
+    # child interpreter: a deadlock holds the GIL, so it would hang this one.
+    done = subprocess.run(
+        [sys.executable, "-c", _DEADLOCK_PROBE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "".join(f"{i}\n" * 5 for i in range(4))
+
+
+def test_an_executor_that_shapes_its_commands_itself_is_honoured(
+    service: SubprocessService, tmp_path: pathlib.Path
+) -> None:
+    class Wrapped(LocalShellExecutor):
+        def _shell_arg(self, command: bytes) -> tuple[bytes, int | None]:
+            return super()._shell_arg(b"WRAPPED=1; " + command)
+
+    ex = Wrapped(cwd=str(tmp_path), service=service)
+    assert ex.run_sync(_spec(ex, 'echo "w=$WRAPPED"')).stdout.text == "w=1\n"
+
+
+@pytest.mark.parametrize("confined", [False, True], ids=["local", "sandboxed"])
+def test_a_service_whose_run_shell_is_its_own_still_runs_every_call(
+    tmp_path: pathlib.Path, confined: bool
+) -> None:
+    class Counting(SubprocessService):
+        calls = 0
+
+        def run_shell(self, *args: Any, **kwargs: Any) -> ShellRunResult:
+            type(self).calls += 1
+            return super().run_shell(*args, **kwargs)
+
+    service = Counting()
+    try:
+        ex: LocalShellExecutor = (
+            SandboxShellExecutor(mode="workspace-write", cwd=str(tmp_path), service=service)
+            if confined
+            else LocalShellExecutor(cwd=str(tmp_path), service=service)
+        )
+        for i in range(3):
+            assert ex.run_sync(_spec(ex, f"echo {i}")).stdout.text == f"{i}\n"
+        assert Counting.calls == 3
+    finally:
+        service.dispose()

@@ -108,6 +108,17 @@ DEFAULT_ALLOW_ENV: tuple[str, ...] = (
 )
 
 
+#: The steps of a foreground run the core takes over for a resolved spec: a subclass that
+#: overrides one of them has its specs run the Python way.
+_NATIVE_HOOKS = (
+    "_child_env",
+    "_shell_arg",
+    "_shell_template",
+    "_shell_call",
+    "_call_setup",
+    "_run_foreground",
+)
+
 #: The executor attributes ``run_shell``'s template is made of (see ``_shell_template``).
 _TEMPLATE_SETTINGS = frozenset(
     {
@@ -258,15 +269,16 @@ class LocalShellExecutor(ShellExecutor):
     #: The class confines nothing (``run_sync`` then skips the confinement hooks): true
     #: unless a subclass overrides one of them.
     _plain: bool = True
-    #: The class builds a child's environment this class's way, which the core then does
-    #: itself for a resolved spec (``SubprocessService.run_spec``).
-    _native_env: bool = True
+    #: The class prepares a foreground run this class's way (none of ``_NATIVE_HOOKS`` is
+    #: overridden), which the core then does itself for a resolved spec
+    #: (``SubprocessService.run_spec``).
+    _native_specs: bool = True
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         base = LocalShellExecutor
-        cls._native_env = cls._child_env is base._child_env
-        cls._plain = cls._native_env and all(
+        cls._native_specs = all(getattr(cls, h) is getattr(base, h) for h in _NATIVE_HOOKS)
+        cls._plain = cls._native_specs and all(
             getattr(cls, hook) is getattr(base, hook)
             for hook in ("_prepare", "_sandbox_info", "_result")
         )
@@ -518,7 +530,7 @@ class LocalShellExecutor(ShellExecutor):
         script_fd = None
         try:
             result = None
-            if not plain and self._native_env:
+            if not plain and self._native_specs:
                 builder = conf.env_builder if conf.env_builder is not None else self._env
                 template = self._shell_template(service)
                 result = service.run_spec(template, builder, spec, conf.ruleset, conf.env)

@@ -407,9 +407,9 @@ class SandboxShellExecutor(LocalShellExecutor):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         base = SandboxShellExecutor
-        cls._native_confined = cls._native_env and all(
+        cls._native_confined = cls._native_specs and all(
             getattr(cls, hook) is getattr(base, hook)
-            for hook in ("_prepare", "_sandbox_info", "_result")
+            for hook in ("_prepare", "_policy", "_sandbox_info", "_result")
         )
 
     def run_sync(self, spec: ShellExecSpec) -> ShellRunResult:

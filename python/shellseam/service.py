@@ -260,6 +260,11 @@ def _native_shell_args(
     )
 
 
+def _runs_nothing(spec: ShellExecSpec) -> None:
+    """The spec runner of a service whose foreground runs go through its own ``run_shell``."""
+    return None
+
+
 def native_error(err: NativeError, cwd: str | None = None) -> ShellError:
     """The ShellError of a failure of a native call made outside this module."""
     return _shell_error(err, cwd)
@@ -472,6 +477,15 @@ def _check_spill_total(value: object) -> int:
 class SubprocessService:
     """Owns the native supervisor and every process spawned through it."""
 
+    #: A foreground run goes through this class's own ``run_shell``: ``run_spec`` may then
+    #: read a resolved spec natively instead (false for a subclass overriding either).
+    _native_specs: bool = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        base = SubprocessService
+        cls._native_specs = cls.run_shell is base.run_shell and cls.run_spec is base.run_spec
+
     def __init__(
         self,
         spill_parent: str | None = None,
@@ -605,7 +619,11 @@ class SubprocessService:
         """``run_spec`` of an unconfined executor's specs with ``template`` and ``builder``,
         as the native call itself with its other arguments bound (no Python frame runs
         between the caller and the core); it raises ``NativeError``, which
-        ``native_error`` turns into the ``ShellError`` ``run_spec`` raises."""
+        ``native_error`` turns into the ``ShellError`` ``run_spec`` raises. A subclass that
+        overrides ``run_shell`` or ``run_spec`` gets a runner that runs nothing (its
+        executors then call ``run_shell``)."""
+        if not self._native_specs:
+            return _runs_nothing
         runner: SpecRunner = functools.partial(
             self._supervisor.run_spec, template, builder, posix.environ
         )
@@ -624,7 +642,9 @@ class SubprocessService:
         makes of the harness's with the confinement's ``env`` (``ruleset``) layered on;
         None, with nothing run, when the spec needs the executor's own path (an abort
         signal, ``env`` layers, a command beyond one argument, text that is not plain
-        UTF-8, a spec built or changed by hand)."""
+        UTF-8, a spec built or changed by hand; a subclass overriding ``run_shell``)."""
+        if not self._native_specs:
+            return None
         try:
             result: ShellRunResult | None = self._supervisor.run_spec(
                 template, builder, posix.environ, spec, ruleset, env or None
@@ -640,7 +660,9 @@ class SubprocessService:
         bound (as ``spec_runner``). The result carries ``confined``'s sandbox record
         unless the command exited nonzero (the caller then looks for a denial). The runner
         returns None, with nothing run, when ``run_spec`` would, the policy is another, or a
-        root changed."""
+        root changed (always, for a subclass overriding ``run_shell`` or ``run_spec``)."""
+        if not self._native_specs:
+            return _runs_nothing
         runner: SpecRunner = functools.partial(
             self._supervisor.run_confined, template, confined, posix.environ
         )

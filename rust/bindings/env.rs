@@ -1,5 +1,6 @@
 //! `_core.Env` and `_core.EnvBuilder`: prepared child environments.
 
+use std::cell::RefCell;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 
@@ -56,11 +57,13 @@ pub struct EnvBuilder {
 struct PyEnviron<'a, 'py> {
     dict: &'a Bound<'py, PyDict>,
     seen: &'a Mutex<Vec<Py<PyAny>>>,
+    /// The objects `remember` replaced, dropped with the source (see there).
+    retired: RefCell<Vec<Py<PyAny>>>,
 }
 
 impl PyEnviron<'_, '_> {
-    /// Whether the mapping holds exactly the objects of `seen`, in order.
-    /// The dict's own entry table is walked with `PyDict_Next` and borrowed references:
+    /// Whether the mapping holds exactly the objects of `seen`, in order. The dict's own
+    /// entry table is walked with `PyDict_Next` and borrowed references:
     /// taking a reference to every key and value (as iterating bound items does) writes to
     /// each object's header, and that is a cache miss per object when the call runs cold.
     fn holds_seen(&self, seen: &[Py<PyAny>]) -> bool {
@@ -80,12 +83,18 @@ impl PyEnviron<'_, '_> {
         })
     }
 
+    /// Makes the mapping's objects the ones seen. Those seen before are dropped with this
+    /// source, after the builder let go of its locks: dropping the last reference to an
+    /// object may run Python code, which may let another thread in to wait for a lock
+    /// while it holds the GIL.
     fn remember(&self, seen: &mut Vec<Py<PyAny>>) {
-        seen.clear();
-        for (k, v) in self.dict.iter() {
-            seen.push(k.unbind());
-            seen.push(v.unbind());
-        }
+        let objects = self
+            .dict
+            .iter()
+            .flat_map(|(k, v)| [k.unbind(), v.unbind()])
+            .collect();
+        let before = std::mem::replace(seen, objects);
+        self.retired.borrow_mut().extend(before);
     }
 }
 
@@ -176,6 +185,7 @@ impl EnvBuilder {
         let source = PyEnviron {
             dict: base,
             seen: &self.seen,
+            retired: RefCell::new(Vec::new()),
         };
         self.inner.build(&source, extra, managed)
     }

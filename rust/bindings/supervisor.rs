@@ -156,15 +156,20 @@ impl ShellTemplate {
     }
 
     /// The core's record of `limits` (a `ResourceLimits`), converted once per object.
+    ///
+    /// The lock is never held while Python code may run: reading the attributes of a
+    /// subclass, or dropping the object cached before, may run Python code that lets
+    /// another thread in, and that thread would wait here for the lock while holding the
+    /// GIL the first one needs.
     fn call_limits(&self, limits: &Bound<'_, PyAny>) -> PyResult<Option<CallLimits>> {
-        let mut last = lock(&self.last_limits);
-        if let Some((seen, record)) = last.as_ref() {
+        if let Some((seen, record)) = lock(&self.last_limits).as_ref() {
             if seen.is(limits) {
                 return Ok(*record);
             }
         }
         let record = spec::call_limits(limits)?;
-        *last = Some((limits.clone().unbind(), record));
+        let replaced = lock(&self.last_limits).replace((limits.clone().unbind(), record));
+        drop(replaced);
         Ok(record)
     }
 }
