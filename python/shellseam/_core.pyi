@@ -330,6 +330,9 @@ class CallLimits:
         file_size_bytes: int | None = None,
         open_files: int | None = None,
     ) -> CallLimits: ...
+    @staticmethod
+    def of(limits: ResourceLimits) -> CallLimits | None:
+        """The record of a ``ResourceLimits``, read off its fields."""
     @property
     def memory_bytes(self) -> int | None:
         """Memory of the whole call (cgroup), else of each process (``RLIMIT_AS``)."""

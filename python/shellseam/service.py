@@ -218,13 +218,7 @@ def _call_limits(limits: ResourceLimits | None) -> _core.CallLimits | None:
     last, record = _LAST_LIMITS
     if last is limits:
         return record
-    record = _core.CallLimits(
-        memory_bytes=limits.memory_bytes,
-        max_processes=limits.max_processes,
-        cpu_ms=limits.cpu_ms,
-        file_size_bytes=limits.file_size_bytes,
-        open_files=limits.open_files,
-    )
+    record = _core.CallLimits.of(limits)
     _LAST_LIMITS = (limits, record)
     return record
 
@@ -266,12 +260,8 @@ def _runs_nothing(spec: ShellExecSpec) -> None:
 
 
 def native_error(err: NativeError, cwd: str | None = None) -> ShellError:
-    """The ShellError of a failure of a native call made outside this module."""
-    return _shell_error(err, cwd)
-
-
-def _shell_error(err: _core.NativeError, cwd: str | None = None) -> ShellError:
-    """The ShellError of a native failure: its code as the core gave it, the reason by stage."""
+    """The ShellError of a native failure: its code as the core gave it, the reason by stage
+    (also for native calls made outside this module, through a bound runner)."""
     raw_code, message, _errno, stage = err.args
     code = cast(ShellErrorCode, raw_code)  # the core names only ShellError codes
     if code == SANDBOX_UNAVAILABLE:
@@ -571,7 +561,7 @@ class SubprocessService:
         try:
             proc = self._supervisor.spawn(**native)
         except _core.NativeError as err:
-            raise _shell_error(err, call["cwd"]) from None
+            raise native_error(err, call["cwd"]) from None
         return ManagedProcess(self, proc)
 
     def shell_template(
@@ -612,7 +602,7 @@ class SubprocessService:
         try:
             result: ShellRunResult = self._supervisor.run_shell(*native, limits, script_fd)
         except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
+            raise native_error(err, cwd) from None
         return result
 
     def spec_runner(self, template: ShellTemplate, builder: EnvBuilder) -> SpecRunner:
@@ -650,7 +640,7 @@ class SubprocessService:
                 template, builder, posix.environ, spec, ruleset, env or None
             )
         except _core.NativeError as err:
-            raise _shell_error(err, spec.workdir) from None
+            raise native_error(err, spec.workdir) from None
         return result
 
     def confined_runner(self, template: ShellTemplate, confined: ConfinedCall) -> SpecRunner:
@@ -707,7 +697,7 @@ class SubprocessService:
             if settle is not None:
                 settle()
             if isinstance(err, _core.NativeError):
-                raise _shell_error(err, cwd) from None
+                raise native_error(err, cwd) from None
             raise
         remove = None
         if abort is not None:
@@ -747,7 +737,7 @@ class SubprocessService:
         try:
             result = pending.result(limits)
         except _core.NativeError as err:
-            raise _shell_error(err, cwd) from None
+            raise native_error(err, cwd) from None
         if result is None:  # not reached: the loop above ends once the run is over
             raise ShellError(SPAWN_FAILED, "the queued run's result is missing")
         return result

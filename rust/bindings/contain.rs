@@ -1,7 +1,9 @@
 //! `_core` containment: per-call limits and resources, the host's facts, and the keeper's
 //! entry point.
 
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use crate::cgroup::{hierarchy, ServiceCgroups};
 pub use crate::contain::CallLimits;
@@ -25,6 +27,25 @@ impl CallLimits {
             file_size_bytes,
             open_files,
         }
+    }
+
+    /// The record of `limits`, a `ResourceLimits` (None: no limits), read off its fields.
+    #[staticmethod]
+    pub(crate) fn of(limits: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        if limits.is_none() {
+            return Ok(None);
+        }
+        let py = limits.py();
+        let get = |name: &Bound<'_, PyString>| -> PyResult<Option<u64>> {
+            limits.getattr(name)?.extract()
+        };
+        Ok(Some(Self {
+            memory_bytes: get(intern!(py, "memory_bytes"))?,
+            max_processes: get(intern!(py, "max_processes"))?,
+            cpu_ms: get(intern!(py, "cpu_ms"))?,
+            file_size_bytes: get(intern!(py, "file_size_bytes"))?,
+            open_files: get(intern!(py, "open_files"))?,
+        }))
     }
 
     fn __repr__(&self) -> String {

@@ -14,7 +14,6 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple, PyType};
 
-use super::contain::CallLimits;
 use super::env::EnvBuilder;
 use super::ruleset::{RootCheck, Ruleset};
 use crate::env::EnvPair;
@@ -146,23 +145,6 @@ pub(crate) fn plain_spec<'py>(spec: &Bound<'py, PyAny>) -> PyResult<Option<Plain
         stdout_cap: field(intern!(py, "stdout_max_bytes"))?.extract()?,
         limits: field(intern!(py, "limits"))?,
         policy: field(intern!(py, "sandbox_policy"))?,
-    }))
-}
-
-/// The core's record of a `ResourceLimits` (None: no limits), read off its attributes.
-pub(crate) fn call_limits(limits: &Bound<'_, PyAny>) -> PyResult<Option<CallLimits>> {
-    if limits.is_none() {
-        return Ok(None);
-    }
-    let py = limits.py();
-    let get =
-        |name: &Bound<'_, PyString>| -> PyResult<Option<u64>> { limits.getattr(name)?.extract() };
-    Ok(Some(CallLimits {
-        memory_bytes: get(intern!(py, "memory_bytes"))?,
-        max_processes: get(intern!(py, "max_processes"))?,
-        cpu_ms: get(intern!(py, "cpu_ms"))?,
-        file_size_bytes: get(intern!(py, "file_size_bytes"))?,
-        open_files: get(intern!(py, "open_files"))?,
     }))
 }
 

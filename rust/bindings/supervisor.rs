@@ -167,7 +167,7 @@ impl ShellTemplate {
                 return Ok(*record);
             }
         }
-        let record = spec::call_limits(limits)?;
+        let record = CallLimits::of(limits)?;
         let replaced = lock(&self.last_limits).replace((limits.clone().unbind(), record));
         drop(replaced);
         Ok(record)
