@@ -14,9 +14,6 @@ use std::path::PathBuf;
 use crate::spill::SpillFile;
 use crate::utf8;
 
-/// Spill bytes are buffered up to this size before one file write.
-const SPILL_BATCH_BYTES: usize = 256 * 1024;
-
 /// Opens a fresh spill file on demand.
 pub type SpillOpener<'a> = &'a mut dyn FnMut() -> io::Result<(SpillFile, PathBuf)>;
 
@@ -30,7 +27,6 @@ pub struct Collector {
     ring_start: usize,
     total: u64,
     spill_file: Option<SpillFile>,
-    spill_pending: Vec<u8>,
     spill_path: Option<PathBuf>,
     spill_written: u64,
     spill_truncated: bool,
@@ -68,7 +64,6 @@ impl Collector {
             ring_start: 0,
             total: 0,
             spill_file: None,
-            spill_pending: Vec::new(),
             spill_path: None,
             spill_written: 0,
             spill_truncated: false,
@@ -139,49 +134,46 @@ impl Collector {
     }
 
     fn write_spill(&mut self, bytes: &[u8]) {
-        if self.spill_file.is_none() {
+        let Some(file) = self.spill_file.as_mut() else {
             return;
-        }
+        };
         let room = self.spill_cap.saturating_sub(self.spill_written);
         let want = (bytes.len() as u64).min(room);
         // The service's spill files share one total budget (max_spill_total_bytes).
-        let take = match &self.spill_file {
-            Some(file) => file.grant(want) as usize,
-            None => 0,
-        };
+        let take = file.grant(want) as usize;
         if take < bytes.len() {
             self.spill_truncated = true;
         }
-        // Small pipe reads are batched into large file writes: fewer syscalls on the
+        // The file gathers small pipe reads into large writes: fewer syscalls on the
         // supervisor thread while a producer streams at full speed.
-        self.spill_pending.extend_from_slice(&bytes[..take]);
+        let mut wrote = file.append(&bytes[..take]);
         self.spill_written += take as u64;
-        if self.spill_pending.len() >= SPILL_BATCH_BYTES || self.spill_truncated {
-            self.flush();
-        }
         if self.spill_truncated {
+            wrote = wrote.and_then(|()| file.complete());
+            self.spill_file = None;
+        }
+        if wrote.is_err() {
+            // A full disk: the file keeps the head it got; say so instead of lying.
+            self.spill_truncated = true;
             self.spill_file = None;
         }
     }
 
     /// Writes buffered spill bytes to the file (the file is complete after this).
     pub fn flush(&mut self) {
-        if self.spill_pending.is_empty() {
-            return;
-        }
-        let pending = std::mem::take(&mut self.spill_pending);
         if let Some(file) = self.spill_file.as_mut() {
-            if file.write_all(&pending).is_err() {
-                // A full disk: the file keeps the head it got; say so instead of lying.
+            if file.complete().is_err() {
                 self.spill_truncated = true;
                 self.spill_file = None;
             }
         }
-        self.spill_pending = pending;
-        self.spill_pending.clear();
-        if self.spill_pending.capacity() > SPILL_BATCH_BYTES * 2 {
-            self.spill_pending = Vec::new();
-        }
+    }
+
+    /// The stream ended: writes what is pending and closes the spill file (its batch
+    /// buffer and descriptor are not kept for as long as the collector is).
+    pub fn finish(&mut self) {
+        self.flush();
+        self.spill_file = None;
     }
 
     /// The tail as raw bytes, oldest first (a copy only when the ring has wrapped).

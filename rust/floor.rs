@@ -5,16 +5,16 @@
 //!   waits in epoll, reads into one buffer and copies the last `tail` bytes into a ring,
 //!   then reaps the child. No process group, no supervisor thread: whatever shellseam's
 //!   drain costs beyond this is shellseam's own. Given a spill file, it also writes the
-//!   stream's first `spill_cap` bytes there, straight from the buffer they were read into:
-//!   the floor of the drain SPEC asks for (the complete head of the stream kept on disk).
+//!   stream's first `spill_cap` bytes there through the spill files' own writer (uncached
+//!   where possible, `spill::SpillWriter`): the floor of the drain SPEC asks for (the
+//!   complete head of the stream kept on disk).
 //! - `session_spawn`, the spawn floor with shellseam's contract: glibc `posix_spawn`
 //!   (vfork) of a session leader with stdin, stdout and stderr on pipes, stdout and stderr
 //!   drained with `poll` until EOF, then `waitpid`. The pipes and the session are what
 //!   SPEC asks of every call, so this is the floor of `run_sync` itself.
 
 use std::ffi::CString;
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::pipes::{cloexec_pipe, set_nonblocking};
+use crate::spill::SpillWriter;
 use crate::sys::{epoll_add, epoll_create, epoll_event_buffer, epoll_wait, readable};
 
 /// What one floor run measured.
@@ -34,7 +35,7 @@ pub struct FloorRun {
 
 /// Where the minimal reader writes the head of the stream, and how much of it.
 pub struct FloorSpill {
-    pub file: File,
+    pub writer: SpillWriter,
     pub cap: u64,
 }
 
@@ -79,7 +80,7 @@ pub fn minimal_reader(
                 Ok(n) => {
                     if let Some(file) = spill.as_mut() {
                         let room = file.cap.saturating_sub(total).min(n as u64) as usize;
-                        if file.file.write_all(&buf[..room]).is_err() {
+                        if file.writer.append(&buf[..room]).is_err() {
                             spill = None; // a full disk: the file keeps what it got
                         }
                     }
@@ -93,6 +94,9 @@ pub fn minimal_reader(
         }
     }
     drop(stdout);
+    if let Some(file) = spill.as_mut() {
+        let _ = file.writer.complete();
+    }
     child.wait()?;
     Ok(FloorRun {
         elapsed: started.elapsed(),
@@ -206,9 +210,13 @@ mod tests {
     fn writes_the_head_of_the_stream_to_the_spill_file() {
         let path =
             std::env::temp_dir().join(format!("shellseam-floor-spill-{}", std::process::id()));
-        let file = File::create(&path).unwrap();
+        let file = std::fs::File::create(&path).unwrap();
         let argv = ["seq", "1", "100000"].map(String::from);
-        let spill = FloorSpill { file, cap: 1000 };
+        let device = std::sync::Arc::new(crate::spill::DirectWrites::new(true));
+        let spill = FloorSpill {
+            writer: SpillWriter::new(file, device),
+            cap: 1000,
+        };
         let run = minimal_reader(&argv, 4096, 64, Some(spill)).unwrap();
         let head = std::fs::read(&path).unwrap_or_default();
         let _ = std::fs::remove_file(&path);

@@ -325,8 +325,8 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
         drain_stream(proc, st, true, &mut scratch, Drain::Final);
         drain_stream(proc, st, false, &mut scratch, Drain::Final);
     }
-    st.stdout.collector.flush();
-    st.stderr.collector.flush();
+    st.stdout.collector.finish();
+    st.stderr.collector.finish();
     lock(&proc.shared.spill).keep_private();
     close_pidfd(proc, st);
     st.contain.stamp();

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -53,6 +54,22 @@ def test_lossy_read_points_at_spill(service: SubprocessService) -> None:
     assert len(r.delta.encode()) <= 1000 and r.delta.endswith("10000\n")
     with open(r.stdout_spill_path) as f:
         assert f.read() == "".join(f"{i}\n" for i in range(1, 10001))
+
+
+def test_a_settled_process_holds_no_spill_file_open(service: SubprocessService) -> None:
+    # Its collectors live as long as the process object; the spill file (its descriptor
+    # and 1 MiB batch buffer) is closed when the stream ends.
+    ex = LocalShellExecutor(max_output_bytes=1000, service=service)
+    p = start(ex, "seq 1 10000; seq 1 10000 >&2")
+    assert p.wait_sync(10)
+    r = p.read_output()
+    assert r.stdout_spill_path is not None and r.stderr_spill_path is not None
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            held.add(os.readlink(f"/proc/self/fd/{fd}"))
+    assert r.stdout_spill_path not in held and r.stderr_spill_path not in held
+    assert p.status == "completed"
 
 
 # Red team (stop 17): a lossy background read said "full output: <path>" of a spill file that

@@ -332,3 +332,27 @@ def test_bytes_stdin_of_a_bytes_subclass_is_passed(ex: LocalShellExecutor) -> No
 
     r = ex.run_sync(ex.resolve(ShellExecRequest(command="cat", stdin=Payload(b"kept"))))
     assert r.stdout.text == "kept"
+
+
+@pytest.mark.parametrize("cap", [(6 << 20) + 777, 64 << 20])
+def test_a_large_spill_holds_the_exact_head_of_the_stream(
+    ex: LocalShellExecutor, tmp_path: os.PathLike[str], cap: int
+) -> None:
+    # Past its first MiBs a spill file is written uncached in aligned blocks, its last
+    # partial block padded and the file cut back: every byte must still be the stream's.
+    data = os.urandom((9 << 20) + 4321)
+    src = os.path.join(tmp_path, "src.bin")
+    with open(src, "wb") as f:
+        f.write(data)
+    ex.max_spill_bytes = cap
+    got = ex.run_sync(ex.resolve(ShellExecRequest(command=f"cat {src}; cat {src} >&2")))
+    assert got.exit_code == 0
+    for stream in (got.stdout, got.stderr):
+        assert stream.total_bytes == len(data) and stream.truncated
+        assert stream.spill_path is not None
+        with open(stream.spill_path, "rb") as f:
+            spilled = f.read()
+        assert len(spilled) == min(cap, len(data))
+        assert hashlib.sha256(spilled).digest() == hashlib.sha256(data[:cap]).digest()
+        assert stream.spill_truncated == (cap < len(data))
+        assert os.stat(stream.spill_path).st_mode & 0o777 == 0o600

@@ -10,8 +10,10 @@ use crate::errors::CoreError;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::floor::{minimal_reader, session_spawn, FloorSpill};
+use crate::spill::{DirectWrites, SpillWriter};
 
 /// Runs `argv` with its stdout drained by the least a userspace reader can do (epoll,
 /// non-blocking reads of `buf_bytes`, the last `tail_bytes` kept in a ring; with
@@ -32,12 +34,15 @@ pub fn bench_minimal_reader(
     }
     let spill = match &spill_path {
         Some(path) => Some(FloorSpill {
-            file: OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(CoreError::Io)?,
+            writer: SpillWriter::new(
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(path)
+                    .map_err(CoreError::Io)?,
+                Arc::new(DirectWrites::new(true)),
+            ),
             cap: spill_bytes,
         }),
         None => None,
