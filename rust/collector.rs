@@ -205,8 +205,10 @@ impl Collector {
     }
 
     /// Consumes the unread bytes. While the stream may still grow (`final_read` false), an
-    /// incomplete UTF-8 sequence at the end is left unread for the next call.
+    /// incomplete UTF-8 sequence at the end is left unread for the next call. The spill
+    /// file the delta names is written out first: it holds the stream up to this read.
     pub fn read(&mut self, final_read: bool) -> Delta {
+        self.flush();
         let window = self.window_start();
         let lossy = self.read_pos < window;
         let start = self.read_pos.max(window);

@@ -72,6 +72,30 @@ def test_a_settled_process_holds_no_spill_file_open(service: SubprocessService) 
     assert p.status == "completed"
 
 
+def test_a_lossy_read_of_a_running_command_names_a_spill_file_complete_so_far(
+    service: SubprocessService,
+) -> None:
+    ex = LocalShellExecutor(max_output_bytes=1000, service=service)
+    p = start(ex, "seq 1 100000; echo marker >&2; sleep 30")
+    try:
+        deadline = time.monotonic() + 10
+        seen, spill = "", None
+        while "marker" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            r = p.read_output()
+            seen += r.delta
+            if r.stdout_spill_path is not None:
+                spill = r.stdout_spill_path
+        assert "marker" in seen and p.status == "running" and spill is not None
+        # The stream so far is under one spill batch: nothing would be on disk yet had the
+        # read not written it out.
+        with open(spill) as f:
+            assert f.read() == "".join(f"{i}\n" for i in range(1, 100001))
+    finally:
+        p.kill()
+        p.wait_sync(10)
+
+
 # Red team (stop 17): a lossy background read said "full output: <path>" of a spill file that
 # had stopped at its cap (1 MiB of a 3.3 MB stream), or of an empty one once the service's
 # spill total was used up; the foreground result says "first <n> bytes saved" for the same.
