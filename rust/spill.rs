@@ -30,8 +30,11 @@ use std::time::Instant;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
-/// Spill bytes are gathered into batches of this size before one file write.
-pub const SPILL_BATCH_BYTES: usize = 1 << 20;
+/// Spill bytes are gathered into batches before one file write: this size while buffered
+/// (what a slowly spilling stream holds in memory), the larger one once uncached (fewer,
+/// larger device writes: 1 MiB measured fastest here).
+const BUFFERED_BATCH_BYTES: usize = 256 << 10;
+pub const DIRECT_BATCH_BYTES: usize = 1 << 20;
 /// Offsets, lengths and the buffer's address of uncached writes are multiples of this (the
 /// largest logical block size of common devices; 512-byte devices take it too).
 const DIRECT_ALIGN: usize = 4096;
@@ -118,6 +121,8 @@ pub struct SpillWriter {
     /// the batch's address stays aligned.
     buf: Vec<u8>,
     start: usize,
+    /// The batch's size (the buffer holds no more).
+    batch: usize,
     base: u64,
     /// Uncached batch writes in a row that were slower than `slow_ns_per_mib`.
     slow: u32,
@@ -135,6 +140,7 @@ impl SpillWriter {
             device,
             buf: Vec::new(),
             start: 0,
+            batch: BUFFERED_BATCH_BYTES,
             base: 0,
             slow: 0,
             slow_ns_per_mib: SLOW_DEVICE_NS_PER_MIB,
@@ -154,21 +160,30 @@ impl SpillWriter {
     /// Adds `bytes` to the file, writing each batch as it fills.
     pub fn append(&mut self, mut bytes: &[u8]) -> io::Result<()> {
         if self.buf.capacity() == 0 && !bytes.is_empty() {
-            let mut buf = Vec::with_capacity(SPILL_BATCH_BYTES + DIRECT_ALIGN);
-            let start = (DIRECT_ALIGN - buf.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
-            buf.resize(start, 0);
-            self.buf = buf;
-            self.start = start;
+            self.new_batch(BUFFERED_BATCH_BYTES);
         }
         while !bytes.is_empty() {
-            let take = bytes.len().min(SPILL_BATCH_BYTES - self.pending());
+            let take = bytes.len().min(self.batch - self.pending());
             self.buf.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
-            if self.pending() == SPILL_BATCH_BYTES {
+            if self.pending() == self.batch {
                 self.write_out(false)?;
             }
         }
         Ok(())
+    }
+
+    /// A batch buffer of `batch` bytes at an aligned address, holding what was pending.
+    fn new_batch(&mut self, batch: usize) {
+        let mut buf = Vec::with_capacity(batch + DIRECT_ALIGN);
+        let start = (DIRECT_ALIGN - buf.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
+        buf.resize(start, 0);
+        if self.buf.len() > self.start {
+            buf.extend_from_slice(&self.buf[self.start..]);
+        }
+        self.buf = buf;
+        self.start = start;
+        self.batch = batch;
     }
 
     /// Writes every pending byte: the file is complete up to here.
@@ -182,15 +197,12 @@ impl SpillWriter {
     /// Writes the batch (`all`: every byte of it, else a full batch).
     ///
     /// Buffered, a full batch is written up to an aligned file offset, so that uncached
-    /// writes can take over from there. Uncached, only whole blocks are written unless
-    /// `all`: then the last partial block goes out padded with zeros, the file is cut back
-    /// to its length, and the partial block stays in the batch (the next write rewrites it,
-    /// longer). What is not written moves to the batch's front.
+    /// writes can take over from there (once the file is `direct_from` long). Uncached, only
+    /// whole blocks are written unless `all`: then the last partial block goes out padded
+    /// with zeros, the file is cut back to its length, and the partial block stays in the
+    /// batch (the next write rewrites it, longer). What is not written moves to the front.
     fn write_out(&mut self, all: bool) -> io::Result<()> {
         let len = self.pending();
-        if !self.direct && !all && self.base >= self.direct_from {
-            self.try_direct();
-        }
         if !self.direct {
             let end = self.base + len as u64;
             let keep = if all {
@@ -203,6 +215,9 @@ impl SpillWriter {
             self.base += (len - keep) as u64;
             self.buf.copy_within(to.., from);
             self.buf.truncate(from + keep);
+            if !all && self.base >= self.direct_from {
+                self.try_direct();
+            }
             return Ok(());
         }
         let whole = len / DIRECT_ALIGN * DIRECT_ALIGN;
@@ -218,22 +233,24 @@ impl SpillWriter {
         let began = Instant::now();
         let wrote = self.file.write_all_at(&self.buf[self.start..], self.base);
         self.buf.truncate(self.start + len);
+        if padded > len {
+            // The padding is not the stream's: cut it off whatever the write did (a write
+            // cut short by a file size limit may have written part of it).
+            self.cut_back(self.base + len as u64)?;
+        }
         if let Err(err) = wrote {
-            if err.raw_os_error() != Some(libc::EINVAL) {
+            if !matches!(err.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) {
                 return Err(err);
             }
             // The file system refused an uncached write after accepting the flag.
             self.go_buffered()?;
             return self.write_out(all);
         }
-        if padded > len {
-            self.file.set_len(self.base + len as u64)?;
-        }
         let per_mib = began.elapsed().as_nanos() * (1 << 20) / padded as u128;
         self.base += whole as u64;
         self.buf.copy_within(self.start + whole.., self.start);
         self.buf.truncate(self.start + (len - whole));
-        if padded == SPILL_BATCH_BYTES {
+        if padded == DIRECT_BATCH_BYTES {
             self.slow = if per_mib > self.slow_ns_per_mib {
                 self.slow + 1
             } else {
@@ -246,6 +263,14 @@ impl SpillWriter {
         Ok(())
     }
 
+    /// Cuts the file to `len` if it is longer.
+    fn cut_back(&self, len: u64) -> io::Result<()> {
+        if self.file.metadata()?.len() > len {
+            self.file.set_len(len)?;
+        }
+        Ok(())
+    }
+
     /// Sets `O_DIRECT` if the service still allows it and the batch starts on a block; a
     /// file system that refuses it makes the service's files buffered from then on.
     fn try_direct(&mut self) {
@@ -253,7 +278,12 @@ impl SpillWriter {
             return;
         }
         match set_direct(&self.file, true) {
-            Ok(()) => self.direct = true,
+            Ok(()) => {
+                self.direct = true;
+                if self.batch != DIRECT_BATCH_BYTES {
+                    self.new_batch(DIRECT_BATCH_BYTES);
+                }
+            }
             Err(_) => self.device.give_up(),
         }
     }
@@ -541,14 +571,19 @@ mod tests {
             }
         }
         // Full batches were written past `direct_from`: uncached from there on.
-        assert_eq!(writer.is_direct(), direct && direct_from < DIRECT_FROM);
+        if direct_from < DIRECT_FROM {
+            assert_eq!(writer.is_direct(), direct);
+        }
+        if !direct {
+            assert!(!writer.is_direct());
+        }
         drop(writer);
         fs::remove_file(&path).unwrap();
     }
 
     #[test]
     fn every_byte_reaches_the_file_uncached_or_buffered() {
-        const MIB: usize = SPILL_BATCH_BYTES;
+        const MIB: usize = DIRECT_BATCH_BYTES;
         let plan = [
             (1, true),
             (4095, true),
@@ -575,7 +610,7 @@ mod tests {
         let mut writer = SpillWriter::new(file, Arc::clone(&device));
         writer.direct_from = 0;
         writer.slow_ns_per_mib = u128::MAX;
-        let mut want = vec![b'a'; SPILL_BATCH_BYTES + 5000];
+        let mut want = vec![b'a'; DIRECT_BATCH_BYTES + 5000];
         writer.append(&want).unwrap();
         assert!(writer.is_direct() && o_direct_set(&writer));
         writer.complete().unwrap(); // one padded block, cut back
@@ -590,7 +625,7 @@ mod tests {
         let (path2, file2) = scratch_file("after");
         let mut later = SpillWriter::new(file2, device);
         later.direct_from = 0;
-        later.append(&[b'c'; 2 * SPILL_BATCH_BYTES]).unwrap();
+        later.append(&[b'c'; 2 * DIRECT_BATCH_BYTES]).unwrap();
         assert!(!later.is_direct() && !o_direct_set(&later));
         fs::remove_file(&path).unwrap();
         fs::remove_file(&path2).unwrap();
@@ -603,7 +638,9 @@ mod tests {
         let mut writer = SpillWriter::new(file, Arc::clone(&device));
         writer.direct_from = 0;
         writer.slow_ns_per_mib = 0; // every write counts as slow
-        let batch = vec![b'x'; SPILL_BATCH_BYTES];
+                                    // The first buffered batch, then SLOW_BATCHES - 1 uncached ones: still uncached.
+        writer.append(&[b'x'; BUFFERED_BATCH_BYTES]).unwrap();
+        let batch = vec![b'x'; DIRECT_BATCH_BYTES];
         for _ in 1..SLOW_BATCHES {
             writer.append(&batch).unwrap();
         }
@@ -616,7 +653,8 @@ mod tests {
         writer.append(b"tail").unwrap();
         writer.complete().unwrap();
         let got = fs::read(&path).unwrap();
-        assert_eq!(got.len(), SLOW_BATCHES as usize * SPILL_BATCH_BYTES + 4);
+        let want = BUFFERED_BATCH_BYTES + SLOW_BATCHES as usize * DIRECT_BATCH_BYTES + 4;
+        assert_eq!(got.len(), want);
         assert!(got.ends_with(b"xtail"));
         fs::remove_file(&path).unwrap();
     }
@@ -627,12 +665,12 @@ mod tests {
         let (mut spill, path) = dir.create_file("stdout").unwrap();
         spill.writer.slow_ns_per_mib = u128::MAX;
         let mut want = Vec::new();
-        for i in 0..(DIRECT_FROM as usize / SPILL_BATCH_BYTES + 2) {
+        for i in 0..(DIRECT_FROM as usize / DIRECT_BATCH_BYTES + 2) {
             assert_eq!(
                 spill.writer.is_direct(),
-                i > DIRECT_FROM as usize / SPILL_BATCH_BYTES
+                i >= DIRECT_FROM as usize / DIRECT_BATCH_BYTES
             );
-            let batch = vec![b'0' + i as u8; SPILL_BATCH_BYTES];
+            let batch = vec![b'0' + i as u8; DIRECT_BATCH_BYTES];
             spill.append(&batch).unwrap();
             want.extend_from_slice(&batch);
         }

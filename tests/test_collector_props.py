@@ -103,3 +103,36 @@ def test_consuming_reads_deliver_each_kept_byte_once(
         else:
             assert "".join(delivered).endswith(_utf8_tail(stream[-cap:])[-1:] if stream else "")
         assert c.read(True).text == ""
+
+
+def test_a_padded_block_cut_short_by_a_file_size_limit_leaves_no_zeros(tmp_path: object) -> None:
+    # Past its first MiBs a spill file is written uncached, its last block padded with zeros
+    # and the file cut back. A file size limit can cut that write short after part of the
+    # padding went out: the file must still end where the stream did. Its own interpreter:
+    # RLIMIT_FSIZE is per process (Python ignores SIGXFSZ, so the write fails with EFBIG).
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os, resource, sys, tempfile
+        from shellseam import _core
+        data = bytes(range(1, 256)) * ((5 << 20) // 255 + 40)
+        data = data[: (5 << 20) + 5000]
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as parent:
+            c = _core.Collector(1000, 64 << 20, parent)
+            c.push(data[:-5000])
+            resource.setrlimit(resource.RLIMIT_FSIZE, (len(data) + 100, resource.RLIM_INFINITY))
+            c.push(data[-5000:])
+            got = c.collected()
+            with open(got.spill_path, "rb") as f:
+                spilled = f.read()
+            assert data.startswith(spilled), (len(spilled), spilled[-8:])
+            print(len(spilled), got.spill_truncated)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
