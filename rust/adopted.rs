@@ -15,6 +15,8 @@
 
 use std::time::{Duration, Instant};
 
+use nix::unistd::{getsid, Pid};
+
 use crate::kill::{all_children, read_proc, stat_of, task_children, zombie_children};
 
 /// How long after a call settles its late zombies are looked for.
@@ -97,7 +99,17 @@ pub(crate) fn reap_strays(
         _ => all_children(),
     };
     let mut found = Strays::default();
+    if !leader_held && tail.is_none() {
+        return found; // nothing to tell a child of the call by
+    }
     for pid in children.into_iter().filter(|&p| p != leader) {
+        // A session's member, by one cheap syscall before its stat file: with many calls in
+        // flight the spawner's children are every call's leaders.
+        let in_session =
+            leader_held && getsid(Some(Pid::from_raw(pid))) == Ok(Pid::from_raw(leader));
+        if tail.is_none() && !in_session {
+            continue;
+        }
         let Some(stat) = stat_of(pid) else {
             continue;
         };
