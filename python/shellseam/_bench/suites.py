@@ -28,6 +28,7 @@ from shellseam import (
     SubprocessService,
 )
 
+from ..local import ContainmentMode
 from ..service import default_spill_parent
 from .child import ChildServer, run_child
 from .harness import (
@@ -356,12 +357,12 @@ def bench_concurrent(h: Harness, cfg: Config) -> list[Row]:
 
     extra: dict[str, list[int]] = {"shellseam": [], "asyncio": []}
 
-    async def ours() -> float:
+    async def ours(containment: ContainmentMode = "auto") -> float:
         settle_threads(base_threads)
         before = thread_count()
         # A fresh service: its supervisor thread counts as extra.
         service = SubprocessService()
-        ex = LocalShellExecutor(service=service)
+        ex = LocalShellExecutor(service=service, containment=containment)
         spec = ex.resolve(ShellExecRequest(command=sleep))
 
         async def all_runs() -> None:
@@ -372,8 +373,12 @@ def bench_concurrent(h: Harness, cfg: Config) -> list[Row]:
             elapsed, peak = await sampled(all_runs())
         finally:
             await service.aclose()
-        extra["shellseam"].append(peak - before)
+        if containment == "auto":
+            extra["shellseam"].append(peak - before)
         return elapsed
+
+    async def ours_session() -> float:
+        return await ours("session")
 
     async def peer() -> float:
         settle_threads(base_threads)
@@ -385,7 +390,7 @@ def bench_concurrent(h: Harness, cfg: Config) -> list[Row]:
     async def main() -> dict[str, list[float]]:
         # One warm-up round each is part of interleaved_async; drop its thread counts.
         samples = await interleaved_async(
-            {"shellseam": ours, "asyncio": peer}, cfg.concurrent_rounds
+            {"shellseam": ours, "asyncio": peer, "session": ours_session}, cfg.concurrent_rounds
         )
         return samples
 
@@ -400,6 +405,15 @@ def bench_concurrent(h: Harness, cfg: Config) -> list[Row]:
             median(samples["asyncio"]),
             "s",
             1.0,
+        ),
+        ratio_row(
+            name,
+            'containment="session" (no cgroup), diagnostic',
+            median(samples["session"]),
+            median(samples["asyncio"]),
+            "s",
+            None,
+            note="what a container without a writable cgroup runs",
         ),
         limit_row(name, "extra threads during the run (peak)", ours_extra, "threads", 4),
         info_row(name, "asyncio extra threads (contrast)", peer_extra, "threads"),
