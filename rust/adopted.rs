@@ -118,7 +118,7 @@ pub(crate) fn reap_strays(
         if !ours {
             continue;
         }
-        if stat.state != 'Z' {
+        if !stat.dead() {
             found.coming += 1;
         } else if reap(pid) {
             found.reaped += 1;

@@ -123,6 +123,9 @@ pub(crate) struct CallContainment {
     strays_looked_for: bool,
     /// What that found.
     strays: Strays,
+    /// Session containment: the machine's tasks as the leader started, which bound the
+    /// session scan's shortcut (see `kill::session_members`).
+    tasks_at_start: Option<usize>,
 }
 
 impl CallContainment {
@@ -186,9 +189,19 @@ impl CallContainment {
                 spawner: unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t,
                 strays_looked_for: false,
                 strays: Strays::default(),
+                tasks_at_start: None,
             },
             rlimits,
         )
+    }
+
+    /// The call's leader was just created: under session containment, counts the machine's
+    /// tasks (the pids in use before the leader are at most three per task, which the
+    /// session scan's shortcut relies on).
+    pub fn leader_started(&mut self) {
+        if self.cgroup.is_none() {
+            self.tasks_at_start = crate::kill::tasks();
+        }
     }
 
     /// Signals every process of the call: the group, and the cgroup's members outside it
@@ -197,7 +210,7 @@ impl CallContainment {
         let _ = signal_group(pgid, sig);
         let Some(cg) = &mut self.cgroup else {
             // Session containment: the session's members outside the group too.
-            signal_outside_group(pgid, sig);
+            signal_outside_group(pgid, sig, self.tasks_at_start);
             return;
         };
         if sig == libc::SIGKILL {
@@ -220,7 +233,7 @@ impl CallContainment {
         let Some(cg) = &self.cgroup else {
             // Session containment: members that left the group (`set -m`, `setpgid`) are
             // leftovers too, terminated and counted once.
-            let reached = signal_outside_group(pgid, libc::SIGTERM);
+            let reached = signal_outside_group(pgid, libc::SIGTERM, self.tasks_at_start);
             return reached
                 .into_iter()
                 .filter(|&pid| self.counted.insert(pid))
@@ -267,7 +280,7 @@ impl CallContainment {
             }
             None => {
                 // The whole session: its group, and members that left the group.
-                let (members, outside) = session_members(pgid);
+                let (members, outside) = session_members(pgid, self.tasks_at_start);
                 let mut new = members.live - outside.len();
                 for pid in outside {
                     if self.counted.insert(pid) {
@@ -288,7 +301,7 @@ impl CallContainment {
                 self.emptied = !alive;
                 alive
             }
-            None => !session_members(pgid).0.gone(),
+            None => !session_members(pgid, self.tasks_at_start).0.gone(),
         }
     }
 

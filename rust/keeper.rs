@@ -111,7 +111,7 @@ impl Duties {
                 // SAFETY: kill(2) has no memory-safety preconditions.
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
                 // The session's members that left the group (`set -m`, `setpgid`).
-                crate::kill::signal_outside_group(pgid, libc::SIGKILL);
+                crate::kill::signal_outside_group(pgid, libc::SIGKILL, None);
             }
         }
         let deadline = Instant::now() + EMPTY_WAIT;

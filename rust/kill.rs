@@ -6,6 +6,7 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -60,9 +61,14 @@ impl Members {
 /// 0)` cannot tell), hence the filter: one `getsid(2)` per process, a cheap syscall, and the
 /// /proc stat text (state and flags) only for the session's own members. Reading every stat
 /// file instead cost ~1.5 ms per call on a quiet machine with ~150 processes. The processes
-/// looked at are those created since the leader when they are fewer than /proc's (see
-/// `pids_since`): 1,024 session-mode calls in flight took 4.4 s of harness CPU listing /proc.
-pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
+/// looked at are those created since the leader when that is provably all of them and they
+/// are fewer than /proc's (see `pids_since`; `tasks_at_start`: the machine's tasks as the
+/// leader started, None: always list /proc): 1,024 session-mode calls in flight took 4.4 s
+/// of harness CPU listing /proc.
+pub fn session_members(
+    sid: libc::pid_t,
+    tasks_at_start: Option<usize>,
+) -> (Members, Vec<libc::pid_t>) {
     let mut members = Members::default();
     let mut outside = Vec::new();
     if sid <= 1 || only_a_dead_leader(sid) {
@@ -74,7 +80,7 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
         }
         match stat_of(pid) {
             Some(s) if s.session != sid || s.dead() => {}
-            Some(s) if s.flags & PF_EXITING != 0 => members.exiting += 1,
+            Some(s) if !s.live(pid) => members.exiting += 1,
             Some(s) => {
                 members.live += 1;
                 if s.pgrp != sid {
@@ -84,7 +90,7 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
             None => {}
         }
     };
-    match pids_since(sid) {
+    match tasks_at_start.and_then(|tasks| pids_since(sid, tasks)) {
         // Every member was created after the leader: its pid was handed out since.
         Some(candidates) => candidates.for_each(&mut count),
         None => {
@@ -100,26 +106,77 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<libc::pid_t>) {
     (members, outside)
 }
 
-/// The pids handed out after `first`, oldest first (the cyclic interval `(first, last]`
-/// of the pid namespace's allocator), when they are fewer than the machine's threads:
-/// then looking at each is cheaper than listing /proc, whose entries each cost a dentry
-/// (with a thousand calls in flight, every call's exit listed every other call's process).
-/// None when /proc/loadavg cannot be read or the interval is the longer way. A process can
-/// only be given an older number by privileges that can leave the session anyway
-/// (`clone3`'s `set_tid`, writing `ns_last_pid`), as `setsid` does, which session
-/// containment does not follow either.
-fn pids_since(first: libc::pid_t) -> Option<impl Iterator<Item = libc::pid_t>> {
+/// Pids below this are not handed out again once the allocator wrapped (kernel/pid.c).
+const RESERVED_PIDS: u64 = 300;
+
+/// The pids handed out after `first` (a live or unreaped leader), oldest first: the cyclic
+/// interval `(first, last]` of the pid namespace's allocator, when they are fewer than the
+/// machine's threads (looking at each is then cheaper than listing /proc, whose entries each
+/// cost a dentry: with a thousand calls in flight, every call's exit listed every other
+/// call's process) and the allocator provably did not lap since `first`.
+///
+/// A lap would leave members outside the interval: a command can make one without any
+/// privilege (a loop of short-lived threads) and stop it just past its leader. The proof
+/// counts the pids allocated since `first`: pidfs (Linux 6.9) numbers every pid's inode from
+/// one counter, so `ino(last) - ino(first)` is at least that count (pids of other
+/// namespaces only add to it). A lap passes every number of the ring (`RESERVED_PIDS` to
+/// `pid_max`) and skips only those in use, which were handed out before `first`: at most
+/// three per task that existed then (its pid, group and session numbers), and no more than
+/// `tasks_at_start`'s. So fewer allocations than the ring minus those cannot have lapped.
+/// None when any of it cannot be read: no pidfs, a `last` pid already gone.
+///
+/// A process can take an older number only with privileges (`clone3`'s `set_tid`, writing
+/// `ns_last_pid`, both CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), and any process can leave
+/// its session with `setsid`, which session containment does not follow either.
+fn pids_since(
+    first: libc::pid_t,
+    tasks_at_start: usize,
+) -> Option<impl Iterator<Item = libc::pid_t>> {
     let loadavg = read_proc("/proc/loadavg")?;
     let (threads, last) = parse_loadavg(&loadavg)?;
+    let max: libc::pid_t = read_proc("/proc/sys/kernel/pid_max")?.trim().parse().ok()?;
     let (after, wrapped) = if last >= first {
         (first + 1..=last, None)
     } else {
-        // Wrapped: up to pid_max, then from the bottom again.
-        let max = read_proc("/proc/sys/kernel/pid_max")?.trim().parse().ok()?;
-        (first + 1..=max, Some(1..=last))
+        // Wrapped: up to pid_max (exclusive), then from the bottom again.
+        (first + 1..=max - 1, Some(1..=last))
     };
     let span = after.clone().count() + wrapped.clone().map_or(0, |r| r.count());
-    (span <= threads).then(|| after.chain(wrapped.into_iter().flatten()))
+    if span > threads {
+        return None;
+    }
+    let handed_out = pidfs_ino(last)?.checked_sub(pidfs_ino(first)?)?;
+    cannot_have_lapped(handed_out, tasks_at_start, max)
+        .then(|| after.chain(wrapped.into_iter().flatten()))
+}
+
+/// Whether `handed_out` allocations since a pid (pidfs inode numbers apart) are too few for
+/// the allocator to have come round to it again, with `tasks_at_start` tasks holding numbers
+/// when it was handed out and `pid_max`'s ring (see `pids_since`).
+fn cannot_have_lapped(handed_out: u64, tasks_at_start: usize, pid_max: libc::pid_t) -> bool {
+    let in_use_before = (tasks_at_start as u64).saturating_mul(3).saturating_add(1); // and itself
+    let ring = u64::try_from(pid_max).map_or(0, |max| max.saturating_sub(RESERVED_PIDS));
+    // Distinct pids have distinct pidfs inodes; equal ones are a shared anonymous inode.
+    handed_out > 0 && handed_out.saturating_add(in_use_before) < ring
+}
+
+/// `PIDFD_THREAD` (Linux 6.9, with pidfs): a pidfd of any thread, not only of a process.
+const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+
+/// The pidfs inode number of the task `pid` names (a process or a thread, live or an
+/// unreaped zombie): unique since boot, handed out in the order pids are allocated.
+fn pidfs_ino(pid: libc::pid_t) -> Option<u64> {
+    // SAFETY: pidfd_open with integer arguments; the fd is owned right below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, PIDFD_THREAD) };
+    let fd = libc::c_int::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::sys::stat::fstat(&fd).ok().map(|st| st.st_ino)
+}
+
+/// The machine's tasks (threads) now, from /proc/loadavg.
+pub fn tasks() -> Option<usize> {
+    parse_loadavg(&read_proc("/proc/loadavg")?).map(|(threads, _)| threads)
 }
 
 /// `(threads, last pid)` from /proc/loadavg (`0.10 0.20 0.30 1/345 6789`).
@@ -140,9 +197,14 @@ fn is_process(pid: libc::pid_t) -> bool {
 }
 
 /// Sends `sig` to the live members of session `sid` outside its leader's group (the group
-/// itself takes `signal_group`); the pids it reached.
-pub fn signal_outside_group(sid: libc::pid_t, sig: libc::c_int) -> Vec<libc::pid_t> {
-    let mut reached = session_members(sid).1;
+/// itself takes `signal_group`); the pids it reached. `tasks_at_start`: as for
+/// `session_members`.
+pub fn signal_outside_group(
+    sid: libc::pid_t,
+    sig: libc::c_int,
+    tasks_at_start: Option<usize>,
+) -> Vec<libc::pid_t> {
+    let mut reached = session_members(sid, tasks_at_start).1;
     reached.retain(|&pid| signal_session_member(pid, sid, sig));
     reached
 }
@@ -195,15 +257,16 @@ pub fn only_a_dead_leader(pgid: libc::pid_t) -> bool {
     if last != Some(pgid) {
         return false;
     }
-    stat_of(pgid).is_some_and(|s| s.state == 'Z' && s.pgrp == pgid)
+    stat_of(pgid).is_some_and(|s| s.dead() && s.pgrp == pgid)
 }
 
 /// What a process is to a kill, from its /proc stat: `None` when it is gone or a zombie
-/// (already dead, waiting for its parent), `Some(true)` when live, `Some(false)` when already
-/// in exit(2) (`PF_EXITING`: going away on its own, but not yet out of its cgroup).
+/// (already dead, waiting for its parent), `Some(true)` when live (in any thread, see
+/// `Stat::live`), `Some(false)` when already in exit(2) (`PF_EXITING`: going away on its own,
+/// but not yet out of its cgroup).
 pub fn liveness(pid: libc::pid_t) -> Option<bool> {
     let stat = stat_of(pid)?;
-    (!stat.dead()).then_some(stat.flags & PF_EXITING == 0)
+    (!stat.dead()).then(|| stat.live(pid))
 }
 
 /// The children of one thread of this process, from `/proc/self/task/<tid>/children`
@@ -232,7 +295,7 @@ pub fn all_children() -> Vec<libc::pid_t> {
 
 /// Zombie children of this process (of any of its threads).
 pub fn zombie_children() -> Vec<libc::pid_t> {
-    let zombie = |pid: &libc::pid_t| stat_of(*pid).is_some_and(|s| s.state == 'Z');
+    let zombie = |pid: &libc::pid_t| stat_of(*pid).is_some_and(|s| s.dead());
     all_children().into_iter().filter(zombie).collect()
 }
 
@@ -258,13 +321,37 @@ pub struct Stat {
     pub pgrp: libc::pid_t,
     pub session: libc::pid_t,
     pub flags: u64,
+    /// The process's threads; a zombie's main thread counts until the process is reaped.
+    pub threads: u64,
 }
 
 impl Stat {
     /// A zombie or a process being released: already dead, waiting for (or past) its reaper.
+    /// Not a process whose main thread exited while others run on: /proc shows the main
+    /// thread's state (`Z`), but the process lives (`Zl` in ps) and takes signals.
     pub fn dead(&self) -> bool {
-        self.state == 'Z' || self.state == 'X'
+        (self.state == 'Z' && self.threads <= 1) || self.state == 'X'
     }
+
+    /// For process `pid` that is not `dead`: whether it runs on, rather than being in exit(2)
+    /// (`PF_EXITING`: going away on its own). The flags are the main thread's: when it exited
+    /// or is exiting, the process lives on in any other thread that is not exiting too.
+    pub fn live(&self, pid: libc::pid_t) -> bool {
+        self.flags & PF_EXITING == 0 || (self.threads > 1 && another_thread_runs(pid))
+    }
+}
+
+/// Whether a thread of process `pid` other than its main thread runs and is not exiting.
+fn another_thread_runs(pid: libc::pid_t) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| task.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&tid| tid != pid)
+        .filter_map(|tid| parse_stat(&read_proc(&format!("/proc/{pid}/task/{tid}/stat"))?))
+        .any(|t| t.state != 'Z' && t.state != 'X' && t.flags & PF_EXITING == 0)
 }
 
 /// Parses a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
@@ -277,11 +364,14 @@ fn parse_stat(stat: &str) -> Option<Stat> {
     let session = fields.next()?.parse().ok()?;
     // tty_nr, tpgid, then flags.
     let flags = fields.nth(2)?.parse().ok()?;
+    // Ten fields (minflt to nice), then num_threads.
+    let threads = fields.nth(10)?.parse().ok()?;
     Some(Stat {
         state,
         pgrp,
         session,
         flags,
+        threads,
     })
 }
 
@@ -302,44 +392,119 @@ mod tests {
     }
 
     #[test]
-    fn the_pids_since_a_process_include_its_children_and_no_thread_is_a_process() {
+    fn no_thread_is_a_process_and_pidfs_numbers_follow_allocation() {
         let me = std::process::id() as libc::pid_t;
         assert!(is_process(me));
-        let child = std::process::Command::new("sleep")
-            .arg("5")
-            .spawn()
-            .unwrap();
-        let pid = child.id() as libc::pid_t;
         let thread = std::thread::spawn(|| {
             // SAFETY: gettid has no preconditions.
             let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
-            (is_process(tid), tid)
+            (is_process(tid), tid, pidfs_ino(tid))
         });
-        let (thread_is_process, tid) = thread.join().unwrap();
+        let (thread_is_process, tid, thread_ino) = thread.join().unwrap();
         assert!(!thread_is_process && tid != me);
-        if let Some(since) = pids_since(pid - 1) {
-            assert_eq!(since.into_iter().next(), Some(pid));
+        let (Some(mine), Some(thread_ino)) = (pidfs_ino(me), thread_ino) else {
+            return; // no pidfs (Linux < 6.9): the shortcut is never taken
+        };
+        assert!(thread_ino > mine, "a later task has a greater pidfs number");
+        assert_eq!(pidfs_ino(tid), None, "the thread is gone");
+    }
+
+    #[test]
+    fn the_pids_since_a_process_include_every_later_child() {
+        let spawn = || {
+            std::process::Command::new("sleep")
+                .arg("5")
+                .spawn()
+                .unwrap()
+        };
+        let mut children = vec![];
+        let mut found = None;
+        // The shortcut needs the last pid handed out to be alive: retry until nothing else
+        // on the machine took (and let go of) a pid in between.
+        for _ in 0..50 {
+            let (first, second) = (spawn(), spawn());
+            let since = pids_since(first.id() as libc::pid_t, tasks().unwrap());
+            found = since.map(|pids| pids.collect::<Vec<_>>());
+            let wanted = second.id() as libc::pid_t;
+            children.extend([first, second]);
+            if found.as_ref().is_some_and(|pids| pids.contains(&wanted)) {
+                break;
+            }
         }
-        let mut child = child;
-        let _ = child.kill();
-        let _ = child.wait();
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if pidfs_ino(std::process::id() as libc::pid_t).is_some() {
+            assert!(found.is_some(), "the shortcut never applied");
+        }
+    }
+
+    #[test]
+    fn a_lap_is_ruled_out_only_by_too_few_allocations() {
+        // 32768 - 300 numbers in the ring; 100 tasks hold at most 300 of them.
+        assert!(cannot_have_lapped(1, 100, 32768));
+        assert!(cannot_have_lapped(32_000 - 300, 100, 32768));
+        assert!(!cannot_have_lapped(32_468 - 301, 100, 32768));
+        assert!(!cannot_have_lapped(40_000, 100, 32768));
+        // Many tasks holding numbers make a lap cheap.
+        assert!(!cannot_have_lapped(10, 11_000, 32768));
+        // A shared anonymous inode (no pidfs) proves nothing; nor does a ring below 300.
+        assert!(!cannot_have_lapped(0, 1, 32768));
+        assert!(!cannot_have_lapped(1, 0, 301));
+        assert!(!cannot_have_lapped(u64::MAX, usize::MAX, libc::pid_t::MAX));
     }
 
     #[test]
     fn parses_stat_with_odd_comm() {
-        let line = "123 (a) b (c)) S 1 456 457 0 -1 4194560 0";
+        let line = "123 (a) b (c)) S 1 456 457 0 -1 4194560 0 0 0 0 5 6 0 0 20 0 3 0";
         let stat = Stat {
             state: 'S',
             pgrp: 456,
             session: 457,
             flags: 4194560,
+            threads: 3,
         };
         assert_eq!(parse_stat(line), Some(stat));
-        let exiting = "9 (sh) R 1 456 456 0 -1 4194564 0";
+        assert!(!stat.dead());
+        let orphaned_threads = Stat { state: 'Z', ..stat };
+        assert!(!orphaned_threads.dead(), "its other threads run on");
+        assert!(Stat {
+            threads: 1,
+            ..orphaned_threads
+        }
+        .dead());
+        assert!(Stat { state: 'X', ..stat }.dead());
+        assert_eq!(parse_stat("123 (a) S 1 456 457 0 -1 4194560 0"), None);
+        let exiting = "9 (sh) R 1 456 456 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 1 0";
         assert_eq!(
             parse_stat(exiting).map(|s| s.flags & PF_EXITING),
             Some(PF_EXITING)
         );
+    }
+
+    #[test]
+    fn a_process_whose_main_thread_exited_is_live() {
+        let script = "import ctypes, threading, time\n\
+                      threading.Thread(target=time.sleep, args=(30,)).start()\n\
+                      ctypes.CDLL(None).pthread_exit(None)";
+        let Ok(mut child) = std::process::Command::new("python3")
+            .args(["-c", script])
+            .spawn()
+        else {
+            return; // no python3 here
+        };
+        let pid = child.id() as libc::pid_t;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stat_of(pid).is_some_and(|s| s.state != 'Z') && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let stat = stat_of(pid).unwrap();
+        assert_eq!((stat.state, stat.threads), ('Z', 2));
+        assert!(!stat.dead());
+        assert_eq!(liveness(pid), Some(true));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]
@@ -381,7 +546,7 @@ mod tests {
         for _ in 0..50 {
             let pid = dead_leader(|| {});
             fast = only_a_dead_leader(pid);
-            assert!(session_members(pid).0.gone());
+            assert!(session_members(pid, tasks()).0.gone());
             reap(pid);
             if fast {
                 break;
@@ -403,7 +568,8 @@ mod tests {
             !only_a_dead_leader(pid),
             "a process was created after the leader"
         );
-        assert_eq!(session_members(pid).0.live, 1);
+        assert_eq!(session_members(pid, tasks()).0.live, 1);
+        assert_eq!(session_members(pid, None).0.live, 1);
         assert!(signal_group(pid, libc::SIGKILL).is_ok());
         reap(pid);
     }
@@ -416,7 +582,7 @@ mod tests {
         );
         let sid = getsid(None).map_or(0, Pid::as_raw);
         if sid > 1 {
-            assert!(session_members(sid).0.live >= 1);
+            assert!(session_members(sid, None).0.live >= 1);
         }
     }
 }

@@ -81,22 +81,32 @@ def any_marked() -> list[int]:
 
 
 def _live_marked(tokens: set[str]) -> list[int]:
-    """Live (non-zombie) processes whose environment carries one of ``tokens``."""
+    """Live processes whose environment carries one of ``tokens``. A process is live while
+    any of its threads is: one whose main thread exited shows a zombie's state and no
+    environment, but its other threads run on."""
     wanted = {f"{MARK}={token}".encode() for token in tokens}
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read()
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
+            tids = os.listdir(f"/proc/{name}/task")
         except OSError:
             continue
-        marked = not wanted.isdisjoint(environ.split(b"\0"))
-        if marked and stat[stat.rfind(")") + 2] not in "ZX":
-            found.append(int(name))
+        for tid in tids:
+            task = f"/proc/{name}/task/{tid}"
+            try:
+                with open(f"{task}/stat") as f:
+                    stat = f.read()
+                if stat[stat.rfind(")") + 2] in "ZX":
+                    continue
+                with open(f"{task}/environ", "rb") as f:
+                    environ = f.read()
+            except OSError:
+                continue
+            if not wanted.isdisjoint(environ.split(b"\0")):
+                found.append(int(name))
+            break
     return found
 
 

@@ -21,6 +21,7 @@ from containment_helpers import (
     CLONE_MACHINES,
     CLONE_PARENT,
     ESCAPERS,
+    PY,
     cloned,
     kill_and_reap,
     kill_marked,
@@ -428,4 +429,82 @@ def test_session_containment_ends_the_whole_session(
         assert r.resources is not None and r.resources.containment == "session"
         assert r.timed_out is (ending == "timeout")
         assert r.leftover_killed >= 1
+    assert wait_gone(token) == []
+
+
+# Found by attacking the session scan that looks only at the pids handed out since the call's
+# leader: a command that makes the pid allocator lap (a loop of short-lived threads, no
+# privilege needed) until it hands out numbers just past the leader again leaves its members
+# outside that range. The members here stay in the shell's group and session; both must
+# still be ended and counted. `ending`: the lap's last pid is gone when the call settles, or
+# is a live member of the call.
+LAP = f"""{PY} - $$ <<'EOF'
+import sys, threading
+leader = int(sys.argv[1])
+seen = []
+def note():
+    seen.append(threading.get_native_id())
+wrapped = False
+while True:
+    t = threading.Thread(target=note)
+    t.start()
+    t.join()
+    pid = seen.pop()
+    wrapped = wrapped or pid < leader
+    if wrapped and leader < pid < leader + 10:
+        break
+EOF"""
+BURN = f"""{PY} -c 'import os
+for _ in range(200):
+    os.waitpid(os.fork() or os._exit(0), 0)'"""
+
+
+@pytest.mark.parametrize("ending", ["gone", "live"])
+def test_session_containment_survives_a_lap_of_the_pid_allocator(
+    svc: SubprocessService, tmp_path: os.PathLike[str], ending: str
+) -> None:
+    ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=svc, containment="session")
+    token = new_token()
+    last = "sleep 301 > /dev/null 2>&1 &" if ending == "live" else "true"
+    command = (
+        # The members are made 200 pids after the leader, so a lap that stops just past the
+        # leader does not pass them again.
+        f"{BURN}\nsleep 300 > /dev/null 2>&1 &\n"
+        "set -m; sleep 300 > /dev/null 2>&1 & set +m\n"
+        f"{LAP}\n{last}\necho lapped"
+    )
+    r = ex.run_sync(ex.resolve(request(token, command, timeout_ms=120_000)))
+    assert r.stdout.text == "lapped\n"
+    assert r.resources is not None and r.resources.containment == "session"
+    assert r.leftover_killed == (3 if ending == "live" else 2)
+    assert wait_gone(token) == []
+
+
+# Found by attacking: a process whose main thread exited (`pthread_exit`) while another thread
+# runs shows a zombie's state in /proc/<pid>/stat (`Zl`), yet lives on. Judged dead, it was
+# neither counted nor killed and outlived its call, in both containment modes (in a cgroup,
+# which then could not be removed).
+ORPHANED_THREAD = f"""{PY} -c 'import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(300,)).start()
+time.sleep(0.1)
+ctypes.CDLL(None).pthread_exit(None)' > /dev/null 2>&1 &
+sleep 0.5; echo started"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_process_whose_main_thread_exited_does_not_outlive_its_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str], containment: str
+) -> None:
+    if containment == "auto" and not HAS_CGROUP:
+        pytest.skip("no writable cgroup hierarchy")
+    ex = LocalShellExecutor(
+        cwd=str(tmp_path),
+        grace_ms=300,
+        service=svc,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    token = new_token()
+    r = ex.run_sync(ex.resolve(request(token, ORPHANED_THREAD)))
+    assert r.stdout.text == "started\n"
+    assert r.leftover_killed == 1
     assert wait_gone(token) == []
