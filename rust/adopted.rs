@@ -46,7 +46,7 @@ fn is_subreaper() -> bool {
 
 /// Whether `pid` is (or, a zombie, was) in the cgroup whose path ends with `tail`, or below
 /// it. A zombie still shows its cgroup, with " (deleted)" once the cgroup was removed.
-fn in_cgroup(pid: libc::pid_t, tail: &str) -> bool {
+pub(crate) fn in_cgroup(pid: libc::pid_t, tail: &str) -> bool {
     read_proc(&format!("/proc/{pid}/cgroup")).is_some_and(|text| lists_cgroup(&text, tail))
 }
 

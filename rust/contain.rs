@@ -123,9 +123,6 @@ pub(crate) struct CallContainment {
     strays_looked_for: bool,
     /// What that found.
     strays: Strays,
-    /// Session containment: the machine's tasks as the leader started, which bound the
-    /// session scan's shortcut (see `kill::session_members`).
-    tasks_at_start: Option<usize>,
 }
 
 impl CallContainment {
@@ -189,18 +186,18 @@ impl CallContainment {
                 spawner: unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t,
                 strays_looked_for: false,
                 strays: Strays::default(),
-                tasks_at_start: None,
             },
             rlimits,
         )
     }
 
-    /// The call's leader was just created: under session containment, counts the machine's
-    /// tasks (the pids in use before the leader are at most three per task, which the
-    /// session scan's shortcut relies on).
-    pub fn leader_started(&mut self) {
-        if self.cgroup.is_none() {
-            self.tasks_at_start = crate::kill::tasks();
+    /// The call settled. Under session containment, while its unreaped leader holds the
+    /// group's number: SIGKILL to the group, whatever the scans saw. A scan is a snapshot,
+    /// and a chain of processes that each fork the next and exit is never all in one; a
+    /// group signal reaches every member, a fork under way included.
+    pub fn end_group(&self, pgid: libc::pid_t, leader_held: bool) {
+        if self.cgroup.is_none() && leader_held && pgid > 1 {
+            let _ = signal_group(pgid, libc::SIGKILL);
         }
     }
 
@@ -210,11 +207,12 @@ impl CallContainment {
         let _ = signal_group(pgid, sig);
         let Some(cg) = &mut self.cgroup else {
             // Session containment: the session's members outside the group too.
-            signal_outside_group(pgid, sig, self.tasks_at_start);
+            signal_outside_group(pgid, sig);
             return;
         };
         if sig == libc::SIGKILL {
             let _ = cg.kill_all();
+            kill_members_by_pid(&cg.members(), &cgroup_tail(cg.path()));
         } else {
             for pid in cg.members() {
                 if crate::kill::pgrp_of(pid) != Some(pgid) {
@@ -233,7 +231,7 @@ impl CallContainment {
         let Some(cg) = &self.cgroup else {
             // Session containment: members that left the group (`set -m`, `setpgid`) are
             // leftovers too, terminated and counted once.
-            let reached = signal_outside_group(pgid, libc::SIGTERM, self.tasks_at_start);
+            let reached = signal_outside_group(pgid, libc::SIGTERM);
             return reached
                 .into_iter()
                 .filter(|&pid| self.counted.insert(pid))
@@ -280,10 +278,11 @@ impl CallContainment {
             }
             None => {
                 // The whole session: its group, and members that left the group.
-                let (members, outside) = session_members(pgid, self.tasks_at_start);
-                let mut new = members.live - outside.len();
-                for pid in outside {
-                    if self.counted.insert(pid) {
+                let (members, outside) = session_members(pgid);
+                let outside_live = outside.iter().filter(|(_, live)| *live).count();
+                let mut new = members.live - outside_live;
+                for (pid, live) in outside {
+                    if live && self.counted.insert(pid) {
                         new += 1;
                     }
                 }
@@ -301,7 +300,7 @@ impl CallContainment {
                 self.emptied = !alive;
                 alive
             }
-            None => !session_members(pgid, self.tasks_at_start).0.gone(),
+            None => !session_members(pgid).0.gone(),
         }
     }
 
@@ -390,6 +389,16 @@ impl CallContainment {
             peak_memory_bytes: self.usage.and_then(|u| u.peak_memory_bytes),
             cpu_usec: self.usage.map(|u| u.cpu_usec),
         }
+    }
+}
+
+/// SIGKILL to each of `pids` that is in the cgroup `tail` names (or below it), the whole
+/// process through a pidfd. `cgroup.kill` signals each process through one thread, which
+/// misses a process whose main thread exited while another runs on: the kill waits on the
+/// dead thread and no other is woken (and later kills skip the process as already dying).
+pub(crate) fn kill_members_by_pid(pids: &[libc::pid_t], tail: &str) {
+    for &pid in pids {
+        crate::kill::signal_if(pid, libc::SIGKILL, || crate::adopted::in_cgroup(pid, tail));
     }
 }
 

@@ -103,6 +103,11 @@ impl Duties {
     pub fn clean_up(&self) {
         for cg in &self.cgroups {
             let _ = fs::write(cg.join("cgroup.kill"), "1");
+            // What `cgroup.kill` misses (a process whose main thread exited), by pid.
+            if let Some(name) = cg.file_name() {
+                let tail = format!("/{}", name.to_string_lossy());
+                crate::contain::kill_members_by_pid(&procs_below(cg), &tail);
+            }
         }
         // SAFETY: getpgrp has no preconditions.
         let own = unsafe { libc::getpgrp() };
@@ -111,7 +116,7 @@ impl Duties {
                 // SAFETY: kill(2) has no memory-safety preconditions.
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
                 // The session's members that left the group (`set -m`, `setpgid`).
-                crate::kill::signal_outside_group(pgid, libc::SIGKILL, None);
+                crate::kill::signal_outside_group(pgid, libc::SIGKILL);
             }
         }
         let deadline = Instant::now() + EMPTY_WAIT;
@@ -222,6 +227,21 @@ impl GroupTable {
         }
         true
     }
+}
+
+/// The processes of cgroup `dir` and of every cgroup below it.
+fn procs_below(dir: &Path) -> Vec<libc::pid_t> {
+    let mut pids: Vec<libc::pid_t> = fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pids.extend(procs_below(&entry.path()));
+            }
+        }
+    }
+    pids
 }
 
 fn populated(cg: &Path) -> bool {

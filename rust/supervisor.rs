@@ -286,7 +286,7 @@ impl Service {
         if cgroups.is_none() {
             self.shared.tell_keeper(|_| {}); // started before the call, so it can be told
         }
-        let (mut contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
+        let (contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
         plan.cgroup = contain.cgroup.as_ref().map(CallCgroup::dir_fd);
         let joins = contain
             .cgroup
@@ -306,7 +306,6 @@ impl Service {
                 return Err(err.into());
             }
         };
-        contain.leader_started();
         if contain.cgroup.is_none() {
             let pgid = child.pid;
             self.shared.tell_keeper(|k| k.group(pgid));

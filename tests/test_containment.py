@@ -483,17 +483,30 @@ def test_session_containment_survives_a_lap_of_the_pid_allocator(
 # Found by attacking: a process whose main thread exited (`pthread_exit`) while another thread
 # runs shows a zombie's state in /proc/<pid>/stat (`Zl`), yet lives on. Judged dead, it was
 # neither counted nor killed and outlived its call, in both containment modes (in a cgroup,
-# which then could not be removed).
-ORPHANED_THREAD = f"""{PY} -c 'import ctypes, threading, time
-threading.Thread(target=time.sleep, args=(300,)).start()
+# which then could not be removed). Ignoring SIGTERM, it also outlived `cgroup.kill`, which
+# signals a process through its (dead) main thread. `threads`: one sleeping thread, or a
+# chain of threads that each start the next and exit (each looked dead or exiting by the
+# time its stat was read).
+def orphaned_threads(threads: str, group: str) -> str:
+    body = {
+        "sleeping": "threading.Thread(target=time.sleep, args=(300,)).start()",
+        "hopping": "def hop():\n    threading.Thread(target=hop).start()\nhop()",
+    }[threads]
+    own_group = "os.setpgid(0, 0)" if group == "own group" else "pass"
+    return f"""{PY} -c 'import ctypes, os, signal, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+{own_group}
+{body}
 time.sleep(0.1)
 ctypes.CDLL(None).pthread_exit(None)' > /dev/null 2>&1 &
 sleep 0.5; echo started"""
 
 
+@pytest.mark.parametrize("group", ["shell's group", "own group"])
+@pytest.mark.parametrize("threads", ["sleeping", "hopping"])
 @pytest.mark.parametrize("containment", ["auto", "session"])
 def test_a_process_whose_main_thread_exited_does_not_outlive_its_call(
-    svc: SubprocessService, tmp_path: os.PathLike[str], containment: str
+    svc: SubprocessService, tmp_path: os.PathLike[str], containment: str, threads: str, group: str
 ) -> None:
     if containment == "auto" and not HAS_CGROUP:
         pytest.skip("no writable cgroup hierarchy")
@@ -504,7 +517,97 @@ def test_a_process_whose_main_thread_exited_does_not_outlive_its_call(
         containment=containment,  # type: ignore[arg-type]
     )
     token = new_token()
-    r = ex.run_sync(ex.resolve(request(token, ORPHANED_THREAD)))
+    r = ex.run_sync(ex.resolve(request(token, orphaned_threads(threads, group))))
     assert r.stdout.text == "started\n"
     assert r.leftover_killed == 1
+    assert wait_gone(token) == []
+
+
+# Found by attacking: under session containment a chain of processes that each fork the next
+# and exit, ignoring SIGTERM, is never all in one scan of the session; the call settled as
+# soon as one scan missed it, and the chain ran on in the shell's own process group.
+FORK_CHAIN = f"""{PY} -c 'import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    if os.fork():
+        os._exit(0)
+    time.sleep(0.0005)' > /dev/null 2>&1 &
+sleep 0.3; echo started"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_fork_chain_does_not_outlive_its_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str], containment: str
+) -> None:
+    if containment == "auto" and not HAS_CGROUP:
+        pytest.skip("no writable cgroup hierarchy")
+    ex = LocalShellExecutor(
+        cwd=str(tmp_path),
+        grace_ms=300,
+        service=svc,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    for _ in range(3):
+        token = new_token()
+        r = ex.run_sync(ex.resolve(request(token, FORK_CHAIN)))
+        assert r.stdout.text == "started\n"
+        assert wait_gone(token, timeout=1.0) == []
+
+
+# Found by attacking: the lap can leave no trace in any counter. Forks into a pid namespace
+# whose init has died fail after taking a number in every ancestor namespace and giving it
+# back, so ~32k of them (well under a second, no privilege: a user namespace comes with it)
+# bring the allocator round to just past the leader without allocating a single task (nor a
+# pidfs inode), and a live process outside the session then takes the last pid.
+FAILED_FORK_LAP = f"""{PY} - $$ <<'EOF'
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+leader = int(sys.argv[1])
+flags = 0x20000000 | (0 if os.geteuid() == 0 else 0x10000000)  # CLONE_NEWPID (+ NEWUSER)
+if libc.unshare(flags) != 0:
+    sys.exit("unshare failed")
+init = os.fork()  # the new namespace's init, which exits at once
+if init == 0:
+    os._exit(0)
+os.waitpid(init, 0)
+def last():
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        return int(f.read())
+prev, wrapped = last(), False
+for _ in range(200_000):
+    # CLONE_VM|CLONE_VFORK|SIGCHLD: fails with ENOMEM in a namespace without init; a child
+    # that ran anyway would only exit.
+    if libc.syscall(56, 0x4000 | 0x100 | 17, 0, 0, 0, 0) == 0:
+        os._exit(0)
+    now = last()
+    wrapped = wrapped or now < prev
+    prev = now
+    if wrapped and leader < now < leader + 10:
+        break
+else:
+    sys.exit("no lap")
+EOF"""
+
+
+def test_session_containment_survives_a_lap_made_of_failed_forks(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    ex = LocalShellExecutor(cwd=str(tmp_path), grace_ms=300, service=svc, containment="session")
+    token = new_token()
+    command = (
+        f"{BURN}\nsleep 300 > /dev/null 2>&1 &\n"
+        "set -m; sleep 300 > /dev/null 2>&1 & set +m\n"
+        f"{FAILED_FORK_LAP}\n"
+        # The last pid handed out stays alive, outside the session (waited for with builtins
+        # only, which fork nothing).
+        "setsid sleep 301 > /dev/null 2>&1 < /dev/null &\n"
+        'until read -r l < /proc/$!/stat && set -- ${l##*) } && [ "$4" = "$!" ]; do :; done\n'
+        "echo lapped"
+    )
+    r = ex.run_sync(ex.resolve(request(token, command, timeout_ms=120_000)))
+    assert r.stdout.text == "lapped\n", r.stderr.text
+    assert r.leftover_killed == 2
+    # The setsid sleep left the session: session containment does not follow it.
+    kill_marked()
     assert wait_gone(token) == []

@@ -130,6 +130,7 @@ impl Shared {
             self.unwatch(&fd, key);
         }
         self.unwatch_oom(contain);
+        contain.end_group(pgid, leader_held);
         contain.reap_strays(pgid, leader_held);
         if contain.cgroup.is_none() {
             self.tell_keeper(|k| k.ungroup(pgid));

@@ -116,7 +116,7 @@ fn leftover_holding_pipes_is_killed_after_grace() {
     let o = p.outcome().unwrap();
     assert_eq!(o.exit_code, Some(0));
     assert_eq!(o.leftover_killed, 1);
-    assert!(session_members(p.pgid(), None).0.gone());
+    assert!(session_members(p.pgid()).0.gone());
     svc.dispose(false);
 }
 
