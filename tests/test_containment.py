@@ -480,6 +480,20 @@ def test_session_containment_survives_a_lap_of_the_pid_allocator(
     assert wait_gone(token) == []
 
 
+def executor_in(
+    containment: str, svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> LocalShellExecutor:
+    """An executor with `containment` ("auto" skips the test without a cgroup)."""
+    if containment == "auto" and not HAS_CGROUP:
+        pytest.skip("no writable cgroup hierarchy")
+    return LocalShellExecutor(
+        cwd=str(tmp_path),
+        grace_ms=300,
+        service=svc,
+        containment=containment,  # type: ignore[arg-type]
+    )
+
+
 # Found by attacking: a process whose main thread exited (`pthread_exit`) while another thread
 # runs shows a zombie's state in /proc/<pid>/stat (`Zl`), yet lives on. Judged dead, it was
 # neither counted nor killed and outlived its call, in both containment modes (in a cgroup,
@@ -508,14 +522,7 @@ sleep 0.5; echo started"""
 def test_a_process_whose_main_thread_exited_does_not_outlive_its_call(
     svc: SubprocessService, tmp_path: os.PathLike[str], containment: str, threads: str, group: str
 ) -> None:
-    if containment == "auto" and not HAS_CGROUP:
-        pytest.skip("no writable cgroup hierarchy")
-    ex = LocalShellExecutor(
-        cwd=str(tmp_path),
-        grace_ms=300,
-        service=svc,
-        containment=containment,  # type: ignore[arg-type]
-    )
+    ex = executor_in(containment, svc, tmp_path)
     token = new_token()
     r = ex.run_sync(ex.resolve(request(token, orphaned_threads(threads, group))))
     assert r.stdout.text == "started\n"
@@ -540,14 +547,7 @@ sleep 0.3; echo started"""
 def test_a_fork_chain_does_not_outlive_its_call(
     svc: SubprocessService, tmp_path: os.PathLike[str], containment: str
 ) -> None:
-    if containment == "auto" and not HAS_CGROUP:
-        pytest.skip("no writable cgroup hierarchy")
-    ex = LocalShellExecutor(
-        cwd=str(tmp_path),
-        grace_ms=300,
-        service=svc,
-        containment=containment,  # type: ignore[arg-type]
-    )
+    ex = executor_in(containment, svc, tmp_path)
     for _ in range(3):
         token = new_token()
         r = ex.run_sync(ex.resolve(request(token, FORK_CHAIN)))
