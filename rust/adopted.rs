@@ -13,11 +13,14 @@
 //!   before it becomes a zombie), and for a subreaper harness after every such call and in
 //!   the process group of each session-contained call (`Adopted`).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::unistd::{getsid, Pid};
 
-use crate::kill::{all_children, read_proc, stat_of, task_children, zombie_children};
+use crate::kill::{
+    all_children, read_proc, signal_group_of, stat_of, task_children, zombie_children,
+};
 
 /// How long after a call settles its late zombies are looked for.
 const LINGER: Duration = Duration::from_millis(500);
@@ -28,13 +31,17 @@ const LINGER_GROUP: Duration = Duration::from_secs(5);
 pub(crate) const RESCAN: Duration = Duration::from_millis(20);
 
 /// Whose zombies to reap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Owner {
     /// Tail of the call cgroup's path (`/<service parent>/<call>`), as `/proc/<pid>/cgroup`
     /// shows it.
     Cgroup(String),
-    /// The call's process group (session containment).
-    Group(libc::pid_t),
+    /// The call's process group (session containment): its number, and its (reaped)
+    /// leader's pidfd, through which the group itself is asked whether it has members. While
+    /// it has, no other group can have its number; once it has none, its number may be
+    /// anybody's (the harness's next `Popen(start_new_session=True)`'s) and nothing of it is
+    /// left to reap.
+    Group(libc::pid_t, OwnedFd),
 }
 
 fn is_subreaper() -> bool {
@@ -62,7 +69,11 @@ fn lists_cgroup(text: &str, tail: &str) -> bool {
 fn belongs(pid: libc::pid_t, owner: &Owner) -> bool {
     match owner {
         Owner::Cgroup(tail) => in_cgroup(pid, tail),
-        Owner::Group(pgid) => crate::kill::pgrp_of(pid) == Some(*pgid),
+        // A zombie keeps its group until reaped, so the group it shows and ours, if ours
+        // still has members, both hold the number now: they are one.
+        Owner::Group(pgid, _) => {
+            crate::kill::pgrp_of(pid) == Some(*pgid) && group_has_members(owner)
+        }
     }
 }
 
@@ -83,17 +94,20 @@ pub(crate) struct Strays {
 }
 
 /// Reaps the zombie children of the harness that are the settling call's, other than its
-/// `leader`: those in its session, while `leader_held` (the leader is an unreaped zombie, so
-/// no other session can have its number), and those in its cgroup (`tail`, not pooled yet).
+/// `leader`: those in its session, while `held` (the leader is an unreaped zombie, so no
+/// other session can have its number: asked again before each such reap, as a stray
+/// `waitpid(-1)` of the harness may take the leader at any time), and those in its cgroup
+/// (`tail`, not pooled yet).
 /// Reads the children of one thread when it can: the one the leader is a child of, as are
 /// the command's CLONE_PARENT children (the spawning thread's, unless that thread exited and
 /// handed its children on).
 pub(crate) fn reap_strays(
     leader: libc::pid_t,
     spawner: libc::pid_t,
-    leader_held: bool,
+    held: &dyn Fn() -> bool,
     tail: Option<&str>,
 ) -> Strays {
+    let leader_held = held();
     let children = match task_children(spawner) {
         Some(list) if leader_held && list.contains(&leader) => list,
         _ => all_children(),
@@ -113,8 +127,8 @@ pub(crate) fn reap_strays(
         let Some(stat) = stat_of(pid) else {
             continue;
         };
-        let ours =
-            (leader_held && stat.session == leader) || tail.is_some_and(|t| in_cgroup(pid, t));
+        let ours = tail.is_some_and(|t| in_cgroup(pid, t))
+            || (leader_held && stat.session == leader && held());
         if !ours {
             continue;
         }
@@ -134,12 +148,11 @@ pub(crate) struct Adopted {
     pending: Vec<(Owner, Instant, Instant)>,
 }
 
-/// Whether a process group still has members (zombies included).
+/// Whether a call's process group still has members (zombies included).
 fn group_has_members(owner: &Owner) -> bool {
     match owner {
-        // SAFETY: kill(2) with signal 0 only checks; it has no memory-safety preconditions.
-        Owner::Group(pgid) if *pgid > 1 => unsafe { libc::kill(-*pgid, 0) == 0 },
-        _ => false,
+        Owner::Group(_, leader) => signal_group_of(leader.as_fd(), 0).unwrap_or(false),
+        Owner::Cgroup(_) => false,
     }
 }
 
@@ -229,7 +242,12 @@ mod tests {
         }
         let start = Instant::now();
         let mut adopted = Adopted::default();
-        assert!(adopted.settled(Owner::Group(member), true, start));
+        // SAFETY: pidfd_open of our own child, owned right below.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, member, 0) };
+        assert!(fd >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) };
+        assert!(adopted.settled(Owner::Group(member, fd), true, start));
         let late = start + LINGER + Duration::from_millis(100);
         assert!(
             adopted.reap(late),
@@ -279,7 +297,7 @@ mod tests {
         }
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
-        let found = reap_strays(leader, tid, true, None);
+        let found = reap_strays(leader, tid, &|| true, None);
         assert_eq!((found.reaped, found.coming), (1, 0));
         assert!(stat_of(stray).is_none(), "the stray was reaped");
         assert_eq!(exit_code(leader), 0, "the leader is left to its call");

@@ -7,7 +7,7 @@
 //! (`process`); file size and open files are always rlimits.
 
 use std::collections::HashSet;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrlimit, Resource};
@@ -15,8 +15,10 @@ use nix::sys::resource::{getrlimit, Resource};
 use crate::adopted::{reap_strays, Strays};
 use crate::cgroup::{CallCgroup, ServiceCgroups, TreeLimits, Usage};
 use crate::kill::{
-    liveness, only_a_dead_leader, session_members, signal_group, signal_outside_group,
+    liveness, only_a_dead_leader, session_members, signal_group, signal_group_of,
+    signal_outside_group,
 };
+use crate::sys::{reap_leader, unreaped, Reaped};
 
 /// `(resource, soft, hard)` for `prlimit64` in the child.
 pub type Rlimit = (u32, u64, u64);
@@ -95,6 +97,9 @@ fn cpu_check_interval(cpu_ms: u64) -> Duration {
 
 /// The containment state of one call, owned by its `ProcState`.
 pub(crate) struct CallContainment {
+    /// The call's leader (its pidfd, from the clone until the call is done): its group is
+    /// signalled through it, and it tells whether the leader still holds its number.
+    pub leader: Option<OwnedFd>,
     pub cgroup: Option<CallCgroup>,
     contained: bool,
     tree_memory: bool,
@@ -169,6 +174,7 @@ impl CallContainment {
             .map(|ms| Instant::now() + cpu_check_interval(ms));
         (
             Self {
+                leader: None,
                 contained: cgroup.is_some(),
                 cgroup,
                 tree_memory,
@@ -191,33 +197,79 @@ impl CallContainment {
         )
     }
 
-    /// The call settled. Under session containment, while its unreaped leader holds the
-    /// group's number: SIGKILL to the group, whatever the scans saw. A scan is a snapshot,
-    /// and a chain of processes that each fork the next and exit is never all in one; a
-    /// group signal reaches every member, a fork under way included.
-    pub fn end_group(&self, pgid: libc::pid_t, leader_held: bool) {
-        if self.cgroup.is_none() && leader_held && pgid > 1 {
-            let _ = signal_group(pgid, libc::SIGKILL);
+    /// Whether the leader is still ours to reap (running, or a zombie nobody reaped): its
+    /// pid, and with it the number of the call's group and session, has not gone to another
+    /// process. False once somebody else reaped it (a stray `waitpid(-1)` in the harness):
+    /// the number may then be anybody's, and nothing is done by number any more.
+    pub fn held(&self) -> bool {
+        self.leader.as_ref().is_some_and(|fd| unreaped(fd.as_fd()))
+    }
+
+    fn leader_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.leader.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Sends `sig` (0: only check) to the call's process group: through the leader's pidfd,
+    /// the group itself whatever became of its number; by number only on a kernel without
+    /// that (before 6.9), and only while the leader holds the number. Whether it reached any.
+    fn signal_group(&self, pgid: libc::pid_t, sig: libc::c_int) -> bool {
+        let Some(fd) = self.leader_fd() else {
+            return false;
+        };
+        match signal_group_of(fd, sig) {
+            Ok(reached) => reached,
+            Err(_) => self.held() && signal_group(pgid, sig).unwrap_or(false),
+        }
+    }
+
+    /// The session's members outside the group, signalled while the leader holds the
+    /// session's number (see `kill::signal_outside_group`); the live ones it reached.
+    fn signal_session(&self, sid: libc::pid_t, sig: libc::c_int) -> Vec<libc::pid_t> {
+        if !self.held() {
+            return Vec::new();
+        }
+        signal_outside_group(sid, sig, || self.held())
+    }
+
+    /// The call settled. Under session containment: SIGKILL to the group, whatever the scans
+    /// saw. A scan is a snapshot, and a chain of processes that each fork the next and exit
+    /// is never all in one; a group signal reaches every member, a fork under way included.
+    pub fn end_group(&self, pgid: libc::pid_t) {
+        if self.cgroup.is_none() && pgid > 1 {
+            self.signal_group(pgid, libc::SIGKILL);
+        }
+    }
+
+    /// Reaps the leader (the call is done with its number) with its rusage.
+    pub fn reap_leader(&self) -> Reaped {
+        self.leader_fd()
+            .map_or(Reaped::Lost, |fd| reap_leader(fd, false))
+    }
+
+    /// Waits for the leader to exit and reaps it (a call that is being abandoned).
+    pub fn reap_leader_blocking(&self) {
+        if let Some(fd) = self.leader_fd() {
+            reap_leader(fd, true);
         }
     }
 
     /// Signals every process of the call: the group, and the cgroup's members outside it
     /// (once each: a trap in the shell must see one SIGTERM, not two).
     pub fn signal(&mut self, pgid: libc::pid_t, sig: libc::c_int) {
-        let _ = signal_group(pgid, sig);
+        self.signal_group(pgid, sig);
         let Some(cg) = &mut self.cgroup else {
             // Session containment: the session's members outside the group too.
-            signal_outside_group(pgid, sig);
+            self.signal_session(pgid, sig);
             return;
         };
+        let tail = cgroup_tail(cg.path());
         if sig == libc::SIGKILL {
             let _ = cg.kill_all();
-            kill_members_by_pid(&cg.members(), &cgroup_tail(cg.path()));
+            kill_members_by_pid(&cg.members(), &tail);
         } else {
             for pid in cg.members() {
                 if crate::kill::pgrp_of(pid) != Some(pgid) {
-                    // SAFETY: kill(2) has no memory-safety preconditions.
-                    unsafe { libc::kill(pid, sig) };
+                    signal_member(pid, sig, &tail);
                 }
             }
         }
@@ -227,17 +279,18 @@ impl CallContainment {
     /// call's cgroup at once. Members outside the group left the command's session: the
     /// executor terminates them as leftovers, so they are counted (once). Returns how many.
     pub fn terminate(&mut self, pgid: libc::pid_t) -> usize {
-        let _ = signal_group(pgid, libc::SIGTERM);
+        self.signal_group(pgid, libc::SIGTERM);
         let Some(cg) = &self.cgroup else {
             // Session containment: members that left the group (`set -m`, `setpgid`) are
             // leftovers too, terminated and counted once.
-            let reached = signal_outside_group(pgid, libc::SIGTERM);
+            let reached = self.signal_session(pgid, libc::SIGTERM);
             return reached
                 .into_iter()
                 .filter(|&pid| self.counted.insert(pid))
                 .count();
         };
         let mut escaped = 0;
+        let tail = cgroup_tail(cg.path());
         for pid in cg.members() {
             // The group got its SIGTERM above; a second one would run a shell's trap twice.
             if crate::kill::pgrp_of(pid) == Some(pgid) {
@@ -246,8 +299,7 @@ impl CallContainment {
             if self.counted.insert(pid) {
                 escaped += 1;
             }
-            // SAFETY: kill(2) has no memory-safety preconditions.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            signal_member(pid, libc::SIGTERM, &tail);
         }
         escaped
     }
@@ -278,7 +330,10 @@ impl CallContainment {
             }
             None => {
                 // The whole session: its group, and members that left the group.
-                let (members, outside) = session_members(pgid);
+                let Some((members, outside)) = self.scan_session(pgid) else {
+                    // Its number may be anybody's: the group alone, through the pidfd.
+                    return (0, self.signal_group(pgid, 0));
+                };
                 let outside_live = outside.iter().filter(|(_, live)| *live).count();
                 let mut new = members.live - outside_live;
                 for (pid, live) in outside {
@@ -300,26 +355,45 @@ impl CallContainment {
                 self.emptied = !alive;
                 alive
             }
-            None => !session_members(pgid).0.gone(),
+            None => match self.scan_session(pgid) {
+                Some((members, _)) => !members.gone(),
+                None => self.signal_group(pgid, 0),
+            },
         }
     }
 
-    /// The call settled; its leader is still an unreaped zombie when `leader_held`, which
-    /// keeps the call's session number from being reused. Reaps the call's zombies whose
-    /// parent is the harness (`adopted::reap_strays`). Cheap when there are none: one read
-    /// of `pids.current` (only the leader is charged), or without a pids count the last-pid
+    /// `kill::session_members` of the call's session, None unless the leader held the
+    /// session's number throughout the scan (checked after it: reaping is for good).
+    fn scan_session(
+        &self,
+        sid: libc::pid_t,
+    ) -> Option<(crate::kill::Members, Vec<(libc::pid_t, bool)>)> {
+        if !self.held() {
+            return None;
+        }
+        let scan = session_members(sid);
+        self.held().then_some(scan)
+    }
+
+    /// The call settled; its leader is still an unreaped zombie when `held`, which keeps the
+    /// call's session number from being reused. Reaps the call's zombies whose parent is the
+    /// harness (`adopted::reap_strays`). Cheap when there are none: one read of
+    /// `pids.current` (only the leader is charged), or without a pids count the last-pid
     /// check (no process was created after the leader).
-    pub fn reap_strays(&mut self, pgid: libc::pid_t, leader_held: bool) {
+    pub fn reap_strays(&mut self, pgid: libc::pid_t) {
         if pgid <= 0 {
             return;
         }
+        let leader_held = self.held();
         self.strays_looked_for = match self.cgroup.as_ref().and_then(CallCgroup::pids_charged) {
             Some(tasks) => tasks > u64::from(leader_held),
             None => !leader_held || !only_a_dead_leader(pgid),
         };
         if self.strays_looked_for {
             let tail = self.cgroup.as_ref().map(|cg| cgroup_tail(cg.path()));
-            self.strays = reap_strays(pgid, self.spawner, leader_held, tail.as_deref());
+            let leader = self.leader.as_ref().map(AsFd::as_fd);
+            let held = || leader.is_some_and(unreaped);
+            self.strays = reap_strays(pgid, self.spawner, &held, tail.as_deref());
         }
     }
 
@@ -398,8 +472,15 @@ impl CallContainment {
 /// dead thread and no other is woken (and later kills skip the process as already dying).
 pub(crate) fn kill_members_by_pid(pids: &[libc::pid_t], tail: &str) {
     for &pid in pids {
-        crate::kill::signal_if(pid, libc::SIGKILL, || crate::adopted::in_cgroup(pid, tail));
+        signal_member(pid, libc::SIGKILL, tail);
     }
+}
+
+/// Sends `sig` to `pid`, listed in `cgroup.procs` of the cgroup `tail` names, if it is still
+/// in that cgroup (or below) once pinned by a pidfd: a member that exited since the list was
+/// read may have left its pid to a process outside the call.
+fn signal_member(pid: libc::pid_t, sig: libc::c_int, tail: &str) {
+    crate::kill::signal_if(pid, sig, || crate::adopted::in_cgroup(pid, tail));
 }
 
 /// `/<service parent>/<call>`: how the call's cgroup ends in `/proc/<pid>/cgroup`.

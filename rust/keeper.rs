@@ -4,8 +4,8 @@
 //! service's (close-on-exec, so no command inherits it). The service tells it, one line at
 //! a time, what to clean up: its cgroup parents, the process groups of session-contained
 //! calls, and a spill directory that is not kept. The process groups, one per call, go
-//! into a table the two share instead (a memfd, the keeper's fd 3): one `pwrite` when a
-//! call starts and one when it settles, without waking the keeper (a line on the pipe
+//! into a table the two share instead (a memfd, the keeper's fd 3), each with its leader's
+//! pidfs inode number: one `pwrite` when a call starts and one when it settles, without waking the keeper (a line on the pipe
 //! costs a wake-up of another process, ~20 us a call here); calls beyond the table's slots
 //! are told by line. When the harness dies — any signal,
 //! `SIGKILL` and `os._exit` included — the kernel closes the write end; the keeper reads
@@ -17,11 +17,11 @@
 //! module from its file (no package import, no site) and calls `keeper_main(0)`: a maturin
 //! wheel ships one native library, and this reuses it instead of a second binary.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -32,8 +32,10 @@ use crate::cgroup::remove_tree;
 use crate::spawn::{spawn, SpawnPlan, SCRIPT_FD};
 
 /// Slots of the shared group table: that many session-contained calls at once are told
-/// without a line (64 KiB of memfd).
+/// without a line (256 KiB of memfd).
 const GROUP_SLOTS: usize = 16384;
+/// One slot: the pgid (i32), four bytes of padding, the leader's pidfs inode (u64).
+const SLOT: usize = 16;
 /// The most slots a keeper reads (a bound on what a line can make it allocate).
 const MAX_GROUP_SLOTS: usize = 1 << 20;
 
@@ -48,7 +50,8 @@ pub struct Duties {
     pub spills: Vec<PathBuf>,
     /// Trees the harness made for its commands and removes when their call settles.
     pub scratch: Vec<PathBuf>,
-    pub groups: BTreeSet<libc::pid_t>,
+    /// Session groups told by line: pgid → the leader's pidfs inode (0: unknown).
+    pub groups: BTreeMap<libc::pid_t, u64>,
     /// The shared group table: its fd and slot count (`groups <fd> <slots>`).
     pub table: Option<(RawFd, usize)>,
     pub exit: bool,
@@ -66,8 +69,9 @@ impl Duties {
             "scratch" => self.scratch.push(PathBuf::from(arg)),
             "unscratch" => self.scratch.retain(|p| p != Path::new(arg)),
             "group" => {
-                if let Ok(pgid) = arg.parse() {
-                    self.groups.insert(pgid);
+                let (pgid, ino) = arg.split_once(' ').unwrap_or((arg, "0"));
+                if let (Ok(pgid), Ok(ino)) = (pgid.parse(), ino.parse()) {
+                    self.groups.insert(pgid, ino);
                 }
             }
             "ungroup" => {
@@ -90,8 +94,9 @@ impl Duties {
         }
     }
 
-    /// Every session group to kill: those told by line and those in the shared table.
-    pub fn all_groups(&self) -> BTreeSet<libc::pid_t> {
+    /// Every session group to kill, with its leader's pidfs inode: those told by line and
+    /// those in the shared table.
+    pub fn all_groups(&self) -> BTreeMap<libc::pid_t, u64> {
         let mut all = self.groups.clone();
         if let Some((fd, slots)) = self.table {
             all.extend(read_table(fd, slots));
@@ -111,12 +116,9 @@ impl Duties {
         }
         // SAFETY: getpgrp has no preconditions.
         let own = unsafe { libc::getpgrp() };
-        for pgid in self.all_groups() {
+        for (pgid, ino) in self.all_groups() {
             if pgid > 1 && pgid != own {
-                // SAFETY: kill(2) has no memory-safety preconditions.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-                // The session's members that left the group (`set -m`, `setpgid`).
-                crate::kill::signal_outside_group(pgid, libc::SIGKILL);
+                kill_session(pgid, ino);
             }
         }
         let deadline = Instant::now() + EMPTY_WAIT;
@@ -134,9 +136,31 @@ impl Duties {
     }
 }
 
-/// The live pgids in a group table (zero slots are free).
-fn read_table(fd: RawFd, slots: usize) -> Vec<libc::pid_t> {
-    let mut buf = vec![0u8; slots * 4];
+/// Kills what is left of a session-contained call whose leader had pidfs inode `ino`.
+///
+/// While its pid names the leader still (the inode says so), the group is killed through the
+/// leader's pidfd: the group itself. When the pid names another process, the number was free
+/// (nothing of the call held it any more) and went to a stranger, not ours to kill. When no
+/// process has it (the leader was reaped since the harness died) or the inode is unknown, the
+/// group and session are found by their number, as members still hold it.
+fn kill_session(pgid: libc::pid_t, ino: u64) {
+    let leader = crate::kill::pidfd_open(pgid).filter(|_| ino != 0);
+    let by_pidfd = match &leader {
+        Some(fd) if crate::kill::pidfs_ino(fd.as_fd()) != ino => return,
+        Some(fd) => crate::kill::signal_group_of(fd.as_fd(), libc::SIGKILL).is_ok(),
+        None => false,
+    };
+    if !by_pidfd {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+    // The session's members that left the group (`set -m`, `setpgid`).
+    crate::kill::signal_outside_group(pgid, libc::SIGKILL, || true);
+}
+
+/// The live groups in a group table (pgid 0: a free slot), with their leaders' inodes.
+fn read_table(fd: RawFd, slots: usize) -> Vec<(libc::pid_t, u64)> {
+    let mut buf = vec![0u8; slots * SLOT];
     let mut off = 0;
     while off < buf.len() {
         // SAFETY: reads into the unfilled part of a live buffer of that length; `fd` is only
@@ -155,10 +179,13 @@ fn read_table(fd: RawFd, slots: usize) -> Vec<libc::pid_t> {
             break;
         }
     }
-    buf[..off - off % 4]
-        .chunks_exact(4)
-        .map(|c| libc::pid_t::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .filter(|&pgid| pgid != 0)
+    buf[..off - off % SLOT]
+        .chunks_exact(SLOT)
+        .filter_map(|c| {
+            let pgid = libc::pid_t::from_ne_bytes(c[..4].try_into().ok()?);
+            let ino = u64::from_ne_bytes(c[8..].try_into().ok()?);
+            (pgid != 0).then_some((pgid, ino))
+        })
         .collect()
 }
 
@@ -176,7 +203,7 @@ impl GroupTable {
     fn new(slots: usize) -> io::Result<Self> {
         let fd = memfd_create(c"shellseam-keeper-groups", MFdFlags::MFD_CLOEXEC)?;
         let file = fs::File::from(fd);
-        file.set_len((slots * 4) as u64)?;
+        file.set_len((slots * SLOT) as u64)?;
         Ok(Self {
             owner: std::process::id(),
             file,
@@ -185,8 +212,9 @@ impl GroupTable {
         })
     }
 
-    /// Puts `pgid` in a free slot; false when none is left (or the write failed).
-    fn insert(&mut self, pgid: libc::pid_t) -> bool {
+    /// Puts `pgid` (its leader's pidfs inode `ino`) in a free slot; false when none is left
+    /// (or the write failed).
+    fn insert(&mut self, pgid: libc::pid_t, ino: u64) -> bool {
         if std::process::id() != self.owner {
             return false;
         }
@@ -198,7 +226,7 @@ impl GroupTable {
         };
         if self
             .file
-            .write_all_at(&pgid.to_ne_bytes(), slot * 4)
+            .write_all_at(&slot_bytes(pgid, ino), slot * SLOT as u64)
             .is_err()
         {
             self.free.push(slot);
@@ -220,13 +248,20 @@ impl GroupTable {
         // nothing; should it fail all the same, the slot is never reused.
         if self
             .file
-            .write_all_at(&0i32.to_ne_bytes(), slot * 4)
+            .write_all_at(&slot_bytes(0, 0), slot * SLOT as u64)
             .is_ok()
         {
             self.free.push(slot);
         }
         true
     }
+}
+
+fn slot_bytes(pgid: libc::pid_t, ino: u64) -> [u8; SLOT] {
+    let mut bytes = [0u8; SLOT];
+    bytes[..4].copy_from_slice(&pgid.to_ne_bytes());
+    bytes[8..].copy_from_slice(&ino.to_ne_bytes());
+    bytes
 }
 
 /// The processes of cgroup `dir` and of every cgroup below it.
@@ -324,10 +359,11 @@ impl Keeper {
         Ok(keeper)
     }
 
-    /// The keeper kills process group `pgid` (a session-contained call) if the harness dies.
-    pub fn group(&mut self, pgid: libc::pid_t) {
-        if !self.table.as_mut().is_some_and(|t| t.insert(pgid)) {
-            self.send(&format!("group {pgid}"));
+    /// The keeper kills process group `pgid` (a session-contained call whose leader has
+    /// pidfs inode `ino`, 0 if unknown) if the harness dies.
+    pub fn group(&mut self, pgid: libc::pid_t, ino: u64) {
+        if !self.table.as_mut().is_some_and(|t| t.insert(pgid, ino)) {
+            self.send(&format!("group {pgid} {ino}"));
         }
     }
 
@@ -399,7 +435,9 @@ mod tests {
             "cgroup /sys/fs/cgroup/x",
             "spill /tmp/a b",
             "group 42",
-            "group 43",
+            "group 43 7",
+            "group x 7",
+            "group 44 y",
             "ungroup 42",
             "bogus",
             "keep-spill /tmp/zz",
@@ -411,7 +449,7 @@ mod tests {
         }
         assert_eq!(d.cgroups, vec![PathBuf::from("/sys/fs/cgroup/x")]);
         assert_eq!(d.spills, vec![PathBuf::from("/tmp/a b")]);
-        assert_eq!(d.groups.iter().copied().collect::<Vec<_>>(), vec![43]);
+        assert_eq!(d.groups.clone().into_iter().collect::<Vec<_>>(), [(43, 7)]);
         assert_eq!(d.scratch, vec![PathBuf::from("/tmp/s2")]);
         assert!(!d.exit);
         d.apply("exit");
@@ -441,41 +479,33 @@ mod tests {
     fn the_group_table_holds_live_groups_and_reuses_freed_slots() {
         let mut t = GroupTable::new(3).expect("memfd");
         let fd = t.file.as_raw_fd();
-        assert!(t.insert(101) && t.insert(102) && t.insert(103));
-        assert!(!t.insert(104), "full: the caller tells this one by line");
+        assert!(t.insert(101, 1) && t.insert(102, 2) && t.insert(103, u64::MAX));
+        assert!(!t.insert(104, 4), "full: the caller tells this one by line");
         let mut d = Duties::default();
         d.apply(&format!("groups {fd} 3"));
-        d.apply("group 104");
-        assert_eq!(
-            d.all_groups().into_iter().collect::<Vec<_>>(),
-            [101, 102, 103, 104]
-        );
+        d.apply("group 104 4");
+        let groups = |d: &Duties| d.all_groups().into_iter().collect::<Vec<_>>();
+        assert_eq!(groups(&d), [(101, 1), (102, 2), (103, u64::MAX), (104, 4)]);
         assert!(t.remove(102));
         assert!(!t.remove(104), "told by line: untold by line");
         d.apply("ungroup 104");
-        assert_eq!(d.all_groups().into_iter().collect::<Vec<_>>(), [101, 103]);
-        assert!(t.insert(105), "the freed slot is used again");
-        assert_eq!(
-            d.all_groups().into_iter().collect::<Vec<_>>(),
-            [101, 103, 105]
-        );
+        assert_eq!(groups(&d), [(101, 1), (103, u64::MAX)]);
+        assert!(t.insert(105, 5), "the freed slot is used again");
+        assert_eq!(groups(&d), [(101, 1), (103, u64::MAX), (105, 5)]);
         // A keeper told more slots than the table has reads what is there.
         d.apply(&format!("groups {fd} 100"));
-        assert_eq!(
-            d.all_groups().into_iter().collect::<Vec<_>>(),
-            [101, 103, 105]
-        );
+        assert_eq!(groups(&d), [(101, 1), (103, u64::MAX), (105, 5)]);
     }
 
     #[test]
     fn a_forked_copy_never_writes_the_parents_table() {
         let mut t = GroupTable::new(4).expect("memfd");
-        assert!(t.insert(201));
+        assert!(t.insert(201, 9));
         let fd = t.file.as_raw_fd();
         // SAFETY: the child only runs the table calls (pwrite, getpid) and exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            let untouched = !t.insert(202) && !t.remove(201);
+            let untouched = !t.insert(202, 9) && !t.remove(201);
             // SAFETY: leaves the forked child at once.
             unsafe { libc::_exit(if untouched { 0 } else { 1 }) };
         }
@@ -483,7 +513,70 @@ mod tests {
         // SAFETY: reaps our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-        assert_eq!(read_table(fd, 4), [201]);
+        assert_eq!(read_table(fd, 4), [(201, 9)]);
+    }
+
+    /// A child of ours that leads a group of its own with one more member; (leader, member).
+    fn group_of_two() -> (libc::pid_t, libc::pid_t) {
+        let mut ends = [0; 2];
+        // SAFETY: pipe into a live array of two ints.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // SAFETY: the child makes only async-signal-safe calls (setpgid, fork, write, pause).
+        let leader = unsafe { libc::fork() };
+        if leader == 0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::setpgid(0, 0);
+                let member = libc::fork();
+                if member == 0 {
+                    loop {
+                        libc::pause();
+                    }
+                }
+                libc::write(ends[1], (&member as *const libc::pid_t).cast(), 4);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        let mut member: libc::pid_t = 0;
+        // SAFETY: reads 4 bytes into a pid_t; then closes both ends of our pipe.
+        unsafe {
+            libc::read(ends[0], (&mut member as *mut libc::pid_t).cast(), 4);
+            libc::close(ends[0]);
+            libc::close(ends[1]);
+        }
+        (leader, member)
+    }
+
+    fn alive(pid: libc::pid_t) -> bool {
+        crate::kill::liveness(pid).is_some()
+    }
+
+    #[test]
+    fn a_group_is_killed_only_while_its_number_names_the_calls_leader() {
+        let (leader, member) = group_of_two();
+        let fd = crate::kill::pidfd_open(leader).expect("pidfd");
+        let ino = crate::kill::pidfs_ino(fd.as_fd());
+        if ino == 0 {
+            // SAFETY: kills our own child's group.
+            unsafe { libc::kill(-leader, libc::SIGKILL) };
+            return; // no pidfs on this kernel: groups are killed by number
+        }
+        // The number now names another process (another inode): a stranger, left alone.
+        kill_session(leader, ino + 1);
+        assert!(alive(leader) && alive(member), "a stranger was killed");
+        kill_session(leader, ino);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(member) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(
+            !alive(member) && !alive(leader),
+            "the call's group was killed"
+        );
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(leader, std::ptr::null_mut(), 0) };
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -29,6 +29,33 @@ pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> io::Result<bool> {
         Err(err) => Err(err.into()),
     }
 }
+
+/// Sends `sig` (0: only check) to the process group whose leader `leader` names (a pidfd):
+/// the group itself, not its number, whatever became of the leader. Ok(false) when the group
+/// has no member left; an error where the kernel cannot (`PIDFD_SIGNAL_PROCESS_GROUP` came
+/// with Linux 6.9).
+pub fn signal_group_of(leader: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<bool> {
+    // SAFETY: pidfd_send_signal on a pidfd the caller holds, no siginfo.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            leader.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            PIDFD_SIGNAL_PROCESS_GROUP,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    match Errno::last() {
+        Errno::ESRCH => Ok(false),
+        err => Err(err.into()),
+    }
+}
+
+/// include/uapi/linux/pidfd.h.
+const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 1 << 2;
 
 /// `PF_EXITING` in the flags field of /proc/<pid>/stat (include/linux/sched.h).
 const PF_EXITING: u64 = 0x4;
@@ -101,11 +128,18 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<(libc::pid_t, bool)>) 
 }
 
 /// Sends `sig` to the members of session `sid` outside its leader's group, live or already
-/// exiting (the group itself takes `signal_group`); the live ones it reached.
-pub fn signal_outside_group(sid: libc::pid_t, sig: libc::c_int) -> Vec<libc::pid_t> {
+/// exiting (the group itself takes `signal_group`); the live ones it reached. `held` tells
+/// whether the session's leader still holds its number: checked after each member is pinned
+/// by a pidfd, so that a member of another session that got the number meanwhile is never
+/// signalled.
+pub fn signal_outside_group(
+    sid: libc::pid_t,
+    sig: libc::c_int,
+    held: impl Fn() -> bool,
+) -> Vec<libc::pid_t> {
     let mut reached = Vec::new();
     for (pid, live) in session_members(sid).1 {
-        let member = || stat_of(pid).is_some_and(|s| s.session == sid && !s.dead());
+        let member = || stat_of(pid).is_some_and(|s| s.session == sid && !s.dead()) && held();
         if signal_if(pid, sig, member) && live {
             reached.push(pid);
         }
@@ -118,16 +152,9 @@ pub fn signal_outside_group(sid: libc::pid_t, sig: libc::c_int) -> Vec<libc::pid
 /// and handed to another process in the meantime is never signalled. False when it was not
 /// signalled.
 pub fn signal_if(pid: libc::pid_t, sig: libc::c_int, belongs: impl FnOnce() -> bool) -> bool {
-    // SAFETY: pidfd_open with integer arguments; the fd is owned right below.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let Ok(fd) = libc::c_int::try_from(fd) else {
+    let Some(fd) = pidfd_open(pid) else {
         return false;
     };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: the syscall returned a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // The pidfd names one process; /proc/<pid> read while that process still runs is its.
     let member = belongs();
     let mut pfd = libc::pollfd {
@@ -149,6 +176,31 @@ pub fn signal_if(pid: libc::pid_t, sig: libc::c_int, belongs: impl FnOnce() -> b
                 0,
             )
         } == 0
+}
+
+/// A pidfd of process `pid`; None when there is no such process (or no fd to be had).
+pub fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open with integer arguments; the fd is owned right below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = libc::c_int::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The pidfs inode number of the process `pidfd` names: never given to another process while
+/// the machine runs (pidfs, Linux 6.9), so it tells whether a pid still names that process.
+/// 0 where pidfds are anonymous inodes, all alike.
+pub fn pidfs_ino(pidfd: BorrowedFd<'_>) -> u64 {
+    /// include/uapi/linux/magic.h.
+    const PIDFS_MAGIC: i64 = 0x5049_4446;
+    static ON_PIDFS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on_pidfs = *ON_PIDFS.get_or_init(|| {
+        nix::sys::statfs::fstatfs(pidfd).is_ok_and(|s| s.filesystem_type().0 == PIDFS_MAGIC)
+    });
+    if !on_pidfs {
+        return 0;
+    }
+    nix::sys::stat::fstat(pidfd).map_or(0, |st| st.st_ino)
 }
 
 /// The fast path of `session_members`, two small reads: the group's leader is a zombie and no
@@ -288,6 +340,7 @@ fn parse_stat(stat: &str) -> Option<Stat> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn parses_stat_with_odd_comm() {
@@ -405,6 +458,43 @@ mod tests {
         assert_eq!(session_members(pid).0.live, 1);
         assert!(signal_group(pid, libc::SIGKILL).is_ok());
         reap(pid);
+    }
+
+    #[test]
+    fn a_group_is_signalled_through_its_leaders_pidfd_after_the_leader_was_reaped() {
+        let pid = dead_leader(|| {
+            // SAFETY: see dead_leader.
+            if unsafe { libc::fork() } == 0 {
+                // SAFETY: see dead_leader.
+                unsafe { libc::pause() };
+            }
+        });
+        // SAFETY: pidfd_open of our own (zombie) child, owned right below.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        reap(pid);
+        let member = || {
+            let found = fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+                .find(|&p| stat_of(p).is_some_and(|s| s.pgrp == pid && !s.dead()));
+            found
+        };
+        assert!(member().is_some(), "the group outlives its reaped leader");
+        assert_eq!(signal_group_of(fd.as_fd(), 0).ok(), Some(true));
+        assert_eq!(signal_group_of(fd.as_fd(), libc::SIGKILL).ok(), Some(true));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while member().is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(
+            member().is_none(),
+            "the member was killed through the pidfd"
+        );
     }
 
     #[test]

@@ -9,11 +9,12 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
+use crate::contain::CallContainment;
 use crate::contain::CpuCheck;
 use crate::forksafe::ForkClosed;
 use crate::pipes::{Drain, OutStream};
 use crate::process::{Cause, LeaderExit, Proc, ProcState};
-use crate::sys::{lock, peek_exit, reap_nonblocking, Peeked, Reaped};
+use crate::sys::{lock, peek_exit, Peeked, Reaped};
 
 /// How often the group of a process in its Reaping phase is polled (no event exists for
 /// the exit of a process that is not our child).
@@ -144,10 +145,12 @@ fn close_stdin(proc: &Proc, st: &mut ProcState) {
     }
 }
 
-fn close_pidfd(proc: &Proc, st: &mut ProcState) {
+/// Stops watching the leader's pidfd; the pidfd itself stays open until the call is done
+/// (see `CallContainment::leader`).
+fn unwatch_exit(proc: &Proc, st: &mut ProcState) {
     let key = st.pidfd_key.take();
-    if let Some(fd) = st.pidfd.take() {
-        proc.shared.unwatch_from(&fd, key, st.in_epoll);
+    if let Some(fd) = &st.contain.leader {
+        proc.shared.unwatch_from(fd, key, st.in_epoll);
     }
 }
 
@@ -156,23 +159,24 @@ fn close_pidfd(proc: &Proc, st: &mut ProcState) {
 /// leftover kill can never signal a group that is no longer the call's. `finish` reaps it.
 /// Once: a waiting caller and the supervisor may both have seen the exit.
 pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
+    let Some(fd) = &st.contain.leader else { return };
     if st.leader.is_some() {
         return;
     }
-    match peek_exit(proc.pid) {
+    match peek_exit(std::os::fd::AsFd::as_fd(fd)) {
         Peeked::Exited(status) => st.leader = Some(LeaderExit::Zombie(status)),
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
         // that the status is unknown instead of waiting forever or making one up.
         Peeked::Lost => st.leader = Some(LeaderExit::Unknown),
         Peeked::Running => return,
     }
-    close_pidfd(proc, st);
+    unwatch_exit(proc, st);
 }
 
 /// Reaps the zombie leader once its group has been dealt with (rusage comes with it).
-fn release_leader(pid: libc::pid_t, leader: &mut Option<LeaderExit>) {
+fn release_leader(contain: &CallContainment, leader: &mut Option<LeaderExit>) {
     if let Some(LeaderExit::Zombie(status)) = *leader {
-        *leader = Some(match reap_nonblocking(pid) {
+        *leader = Some(match contain.reap_leader() {
             Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
             // Reaped by someone else meanwhile: the status was already read.
             // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
@@ -328,12 +332,11 @@ fn finish(proc: &Proc, st: &mut ProcState, now: Instant) {
     st.stdout.collector.finish();
     st.stderr.collector.finish();
     lock(&proc.shared.spill).keep_private();
-    close_pidfd(proc, st);
+    unwatch_exit(proc, st);
     st.contain.stamp();
-    let held = matches!(st.leader, Some(LeaderExit::Zombie(_)));
-    let (contain, leader) = (&mut st.contain, &mut st.leader);
+    let leader = &mut st.leader;
     proc.shared
-        .end_containment(proc.pid, contain, held, || release_leader(proc.pid, leader));
+        .end_containment(proc.pid, &mut st.contain, |c| release_leader(c, leader));
     st.phase = Phase::Done;
     st.finished = Some(now);
     st.deadline = None;

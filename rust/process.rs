@@ -69,7 +69,7 @@ pub(crate) struct ProcState {
     pub stdout: OutStream,
     pub stderr: OutStream,
     pub stdin: StdinFeed,
-    pub pidfd: Option<std::os::fd::OwnedFd>,
+    /// The route of the leader's pidfd (`contain.leader`) while its exit is watched.
     pub pidfd_key: Option<u64>,
     pub leader: Option<LeaderExit>,
     pub kill_requested: bool,
@@ -113,9 +113,10 @@ impl Proc {
         shared: Arc<Shared>,
         child: Spawned,
         cfg: ProcConfig,
-        contain: CallContainment,
+        mut contain: CallContainment,
         started: Instant,
     ) -> Self {
+        contain.leader = Some(child.pidfd);
         Self {
             token,
             pid: child.pid,
@@ -131,7 +132,6 @@ impl Proc {
                     Collector::new(cfg.stderr_cap, cfg.spill_cap),
                 ),
                 stdin: StdinFeed::new(child.pipes.stdin, cfg.stdin),
-                pidfd: Some(child.pidfd),
                 pidfd_key: None,
                 leader: None,
                 kill_requested: false,
@@ -274,7 +274,7 @@ impl Proc {
             if st.phase != Phase::Running || st.leader.is_some() {
                 return;
             }
-            match st.pidfd.as_ref().map(|fd| fd.try_clone()) {
+            match st.contain.leader.as_ref().map(|fd| fd.try_clone()) {
                 Some(Ok(fd)) => fd,
                 _ => return,
             }

@@ -32,8 +32,7 @@ use crate::spawner::ConfinedSpawner;
 use crate::spill::SpillDir;
 use crate::sys::{
     block_signals_in_this_thread, epoll_add, epoll_create, epoll_del, epoll_event_buffer,
-    epoll_wait, eventfd, eventfd_clear, eventfd_raise, getpid, lock, readable, reap_blocking,
-    writable,
+    epoll_wait, eventfd, eventfd_clear, eventfd_raise, getpid, lock, readable, writable,
 };
 use nix::sys::epoll::{Epoll, EpollFlags};
 use nix::sys::eventfd::EventFd;
@@ -302,13 +301,16 @@ impl Service {
             Ok(child) => child,
             Err(err) => {
                 let mut contain = contain;
-                self.shared.end_containment(0, &mut contain, false, || {});
+                self.shared.end_containment(0, &mut contain, |_| {});
                 return Err(err.into());
             }
         };
         if contain.cgroup.is_none() {
-            let pgid = child.pid;
-            self.shared.tell_keeper(|k| k.group(pgid));
+            let (pgid, ino) = (
+                child.pid,
+                crate::kill::pidfs_ino(std::os::fd::AsFd::as_fd(&child.pidfd)),
+            );
+            self.shared.tell_keeper(|k| k.group(pgid, ino));
         }
         let token = self.shared.next_token.fetch_add(1, Ordering::Relaxed);
         let first_cpu_check = contain.next_cpu_check;
@@ -350,7 +352,7 @@ impl Service {
                 (pipe(st.stdout.fd.take()), st.stdout.key.take()),
                 (pipe(st.stderr.fd.take()), st.stderr.key.take()),
                 (st.stdin.close(), st.stdin.key.take()),
-                (st.pidfd.take(), st.pidfd_key.take()),
+                (st.contain.leader.take(), st.pidfd_key.take()),
             ];
             for (fd, key) in owned {
                 if let Some(fd) = fd {
@@ -400,13 +402,13 @@ impl Service {
     fn abandon(&self, proc: &Proc) {
         let mut st = lock(&proc.state);
         st.contain.signal(proc.pid, libc::SIGKILL);
-        reap_blocking(proc.pid);
+        st.contain.reap_leader_blocking();
         let start = Instant::now();
         while st.contain.any_alive(proc.pid) && start.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.shared
-            .end_containment(proc.pid, &mut st.contain, false, || {});
+            .end_containment(proc.pid, &mut st.contain, |_| {});
     }
 
     /// Registers a new process's pipes and pidfd with epoll; `defer`: only their routes,
@@ -426,7 +428,7 @@ impl Service {
             if st.stderr.fd.is_some() {
                 st.stderr.key = Some(shared.route_only(Source::Stderr(token)));
             }
-            if st.pidfd.is_some() {
+            if st.contain.leader.is_some() {
                 st.pidfd_key = Some(shared.route_only(Source::Exit(token)));
             }
             return Ok(());
@@ -443,7 +445,7 @@ impl Service {
             let output = writable();
             st.stdin.key = Some(shared.watch(fd, output, Source::Stdin(token))?);
         }
-        if let Some(fd) = &st.pidfd {
+        if let Some(fd) = &st.contain.leader {
             st.pidfd_key = Some(shared.watch(fd, input, Source::Exit(token))?);
         }
         Ok(())

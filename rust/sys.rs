@@ -1,9 +1,9 @@
 //! The parent-side syscalls of the supervisor, on `nix`: epoll, eventfd, poll, signal
-//! masks, waitpid. Only `wait4` stays raw here: nix has no call that returns the rusage of
-//! one reaped child; and `getrandom`, whose glibc wrapper the wheel must not import. (The
+//! masks, waitpid. Only `waitid(P_PIDFD)` stays raw here: nix has no call that returns the
+//! rusage of one reaped child; and `getrandom`, whose glibc wrapper the wheel must not import. (The
 //! code between clone and exec lives in `spawn.rs` and stays raw.)
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -140,7 +140,7 @@ pub(crate) fn reap_blocking(pid: libc::pid_t) {
     while waitpid(Pid::from_raw(pid), None) == Err(Errno::EINTR) {}
 }
 
-/// What `wait4(pid, WNOHANG)` found.
+/// What a non-blocking reap of the leader found.
 pub(crate) enum Reaped {
     Exited(libc::c_int, libc::rusage),
     Running,
@@ -148,22 +148,17 @@ pub(crate) enum Reaped {
     Lost,
 }
 
-pub(crate) fn reap_nonblocking(pid: libc::pid_t) -> Reaped {
-    let mut status: libc::c_int = 0;
-    // SAFETY: rusage is plain old data; all-zero is a valid value that wait4 overwrites.
+/// Reaps the child `leader` names (its pidfd), with its rusage; without blocking unless
+/// `block`. By pidfd, never by number: once somebody else reaped the child, its number may
+/// already be another child's.
+pub(crate) fn reap_leader(leader: BorrowedFd<'_>, block: bool) -> Reaped {
+    // SAFETY: rusage is plain old data; all-zero is a valid value that waitid overwrites.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: reaps our own child without blocking; both out-pointers point at live
-        // locals of this frame. Raw because nix has no wait4 (status with rusage).
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if r < 0 && Errno::last() == Errno::EINTR {
-            continue;
-        }
-        return match r {
-            0 => Reaped::Running,
-            r if r == pid => Reaped::Exited(status, usage),
-            _ => Reaped::Lost,
-        };
+    let options = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
+    match waitid_pidfd(leader, options, Some(&mut usage)) {
+        Ok(Some(status)) => Reaped::Exited(status, usage),
+        Ok(None) => Reaped::Running,
+        Err(_) => Reaped::Lost,
     }
 }
 
@@ -178,36 +173,60 @@ pub(crate) enum Peeked {
     Lost,
 }
 
-pub(crate) fn peek_exit(pid: libc::pid_t) -> Peeked {
+pub(crate) fn peek_exit(leader: BorrowedFd<'_>) -> Peeked {
+    match waitid_pidfd(leader, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT, None) {
+        Ok(Some(status)) => Peeked::Exited(status),
+        Ok(None) => Peeked::Running,
+        Err(_) => Peeked::Lost,
+    }
+}
+
+/// Whether the child `leader` names is still ours to reap (running, or a zombie nobody
+/// reaped): while it is, its pid, and so the number of a group or session it leads, cannot
+/// have gone to another process.
+pub(crate) fn unreaped(leader: BorrowedFd<'_>) -> bool {
+    waitid_pidfd(leader, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT, None).is_ok()
+}
+
+/// `waitid(P_PIDFD)`, the raw syscall (glibc's wrapper has no rusage, nix's no raw status):
+/// Ok(Some(raw wait status)) once exited, Ok(None) while running (WNOHANG).
+fn waitid_pidfd(
+    leader: BorrowedFd<'_>,
+    options: libc::c_int,
+    usage: Option<&mut libc::rusage>,
+) -> Result<Option<libc::c_int>, Errno> {
+    let usage = usage.map_or(std::ptr::null_mut(), |u| u as *mut libc::rusage);
     loop {
         // SAFETY: siginfo_t is plain old data; all-zero is valid and waitid overwrites it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waits on our own child without reaping or blocking; `info` is a live
-        // local. Raw because nix's waitid does not give the raw status back.
+        // SAFETY: waits on the child the pidfd names; `info` is a live local and `usage`
+        // null or a live rusage of the caller's.
         let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            libc::syscall(
+                libc::SYS_waitid,
+                libc::P_PIDFD,
+                leader.as_raw_fd(),
+                &mut info as *mut libc::siginfo_t,
+                options,
+                usage,
             )
         };
         if r < 0 {
-            if Errno::last() == Errno::EINTR {
-                continue;
+            match Errno::last() {
+                Errno::EINTR => continue,
+                err => return Err(err),
             }
-            return Peeked::Lost;
         }
         // SAFETY: waitid filled `info` for a child-state change (or left si_pid 0).
         let (child, status) = unsafe { (info.si_pid(), info.si_status()) };
         if child == 0 {
-            return Peeked::Running;
+            return Ok(None);
         }
-        return Peeked::Exited(match info.si_code {
+        return Ok(Some(match info.si_code {
             libc::CLD_EXITED => (status & 0xff) << 8,
             libc::CLD_DUMPED => (status & 0x7f) | 0x80,
             _ => status & 0x7f,
-        });
+        }));
     }
 }
 
@@ -241,14 +260,21 @@ mod tests {
 
     #[test]
     fn peeking_leaves_the_zombie_for_the_reaper() {
+        use std::os::fd::FromRawFd;
         use std::process::Command;
         let mut child = Command::new("sh")
             .args(["-c", "exit 7"])
             .spawn()
             .expect("spawn");
         let pid = child.id() as libc::pid_t;
+        // SAFETY: pidfd_open of our own child, owned right below.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0, "pidfd_open");
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        assert!(unreaped(fd.as_fd()));
         let status = loop {
-            match peek_exit(pid) {
+            match peek_exit(fd.as_fd()) {
                 Peeked::Exited(status) => break status,
                 Peeked::Running => std::thread::sleep(Duration::from_millis(2)),
                 Peeked::Lost => panic!("lost our own child"),
@@ -256,11 +282,16 @@ mod tests {
         };
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7);
         // Still a zombie of ours: the peek did not reap it.
-        match reap_nonblocking(pid) {
-            Reaped::Exited(again, _) => assert_eq!(again, status),
+        assert!(unreaped(fd.as_fd()));
+        match reap_leader(fd.as_fd(), false) {
+            Reaped::Exited(again, usage) => {
+                assert_eq!(again, status);
+                assert!(usage.ru_maxrss > 0, "rusage comes with the reap");
+            }
             _ => panic!("the peek reaped the child"),
         }
-        assert!(matches!(peek_exit(pid), Peeked::Lost));
+        assert!(!unreaped(fd.as_fd()));
+        assert!(matches!(peek_exit(fd.as_fd()), Peeked::Lost));
         assert!(child.wait().is_err(), "already reaped above");
     }
 }

@@ -352,3 +352,50 @@ def test_a_command_cannot_take_the_keepers_duty_pipe(tmp_path: os.PathLike[str])
         assert got.stdout == "refused\n"
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+# Found by attacking: a subreaper harness looks for the late zombies of a session-contained
+# call's group for a moment after the call settled, by the group's number. With the leader
+# reaped, that number is free once the group is empty: a command that left the session put
+# the pid allocator just before it, the harness's next `Popen(start_new_session=True)` got it,
+# and the harness reaped that child's zombie, its owner's exit status lost (`wait()` gave 0
+# for `exit 7`). The group is now asked for members through its leader's pidfd.
+LEND_TO_POPEN = r"""
+import ctypes, os, subprocess, sys, time
+from shellseam import LocalShellExecutor, ShellExecRequest, SubprocessService
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+take, scratch = sys.argv[1], sys.argv[2]
+svc = SubprocessService()
+ex = LocalShellExecutor(service=svc, grace_ms=200, containment="session")
+ex.run_sync(ex.resolve(ShellExecRequest(command="true")))  # the keeper is started
+for attempt in range(5):
+    ready = os.path.join(scratch, f"ready{attempt}")
+    command = (
+        f"setsid {sys.executable} {take} $$ {ready} > /dev/null 2>&1 & "
+        f"while [ ! -e {ready} ]; do :; done; echo $$"
+    )
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command=command)))
+    child = subprocess.Popen(["sh", "-c", "exit 7"], start_new_session=True)
+    time.sleep(1)  # past the moment the call's late zombies are looked for
+    if child.pid == int(r.stdout.text):
+        print(child.wait(), flush=True)
+        break
+    child.wait()
+else:
+    print("the number went elsewhere every time")
+svc.dispose()
+"""
+
+
+def test_a_subreaper_harness_never_reaps_the_child_that_got_a_calls_number(
+    tmp_path: os.PathLike[str],
+) -> None:
+    take = os.path.join(os.path.dirname(__file__), "helpers", "take_the_leaders_number.py")
+    out = subprocess.run(
+        [sys.executable, "-c", LEND_TO_POPEN, take, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == "7\n", "the Popen child's status was taken by the harness"

@@ -3,15 +3,27 @@ result says the status is unknown instead of inventing ``exit code: 0`` (SPEC §
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from conftest import run
+from conftest import HELPERS, run
 from fakes import run_result
-from shellseam import LocalShellExecutor, ShellRunResult, parse_exit_status, render_result
+from shellseam import (
+    LocalShellExecutor,
+    ShellRunResult,
+    SubprocessService,
+    containment_facts,
+    parse_exit_status,
+    render_result,
+)
 
 
 @pytest.fixture
@@ -72,3 +84,87 @@ def test_unknown_status_renders_as_the_last_line_and_parses_back() -> None:
         {"unknown": True},
     )
     assert ShellRunResult.__dataclass_fields__["exit_status_unknown"].default is False
+
+
+# Found by attacking: once the harness's stray reaper took the leader, its number is free,
+# and a command that left the session can bring the pid allocator round so that the
+# harness's next process gets it (a `Popen(start_new_session=True)`: its own group and
+# session, both numbered like the call's). The call then signalled that group by number:
+# SIGTERM at the drain's end, SIGKILL when it settled, and a session scan counted the
+# stranger as a leftover. The call's group is now signalled through the leader's pidfd
+# (the group itself, not its number) and the session is scanned only while the leader is
+# provably unreaped.
+TAKE = os.path.join(HELPERS, "take_the_leaders_number.py")
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_leader_reaped_elsewhere_never_lends_its_number_to_the_calls_kill(
+    containment: str, service: SubprocessService, tmp_path: Path
+) -> None:
+    if containment == "auto" and containment_facts()["containment"] != "cgroup":
+        pytest.skip("no writable cgroup hierarchy")
+    ex = LocalShellExecutor(
+        cwd=str(tmp_path),
+        grace_ms=20_000,  # the drain waits for the escapee, whatever the lap takes
+        service=service,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    for attempt in range(5):
+        ready, go = tmp_path / f"ready{attempt}", tmp_path / f"go{attempt}"
+        stranger: list[subprocess.Popen[bytes]] = []
+        stop = threading.Event()
+
+        def harness() -> None:
+            # Reaps what exits, as a careless SIGCHLD handler does, but never the stranger
+            # (its owner waits for it); starts the stranger once the escapee is ready.
+            while not stop.is_set():
+                with contextlib.suppress(ChildProcessError):
+                    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    if info and not any(p.pid == info.si_pid for p in stranger):
+                        os.waitpid(info.si_pid, os.WNOHANG)
+                if not stranger and ready.exists():
+                    stranger.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+                    go.touch()
+                stop.wait(0.0005)
+
+        thread = threading.Thread(target=harness, daemon=True)
+        thread.start()
+        try:
+            r = run(ex, f"setsid {sys.executable} {TAKE} $$ {ready} {go} & echo leader=$$")
+        finally:
+            stop.set()
+            thread.join()
+        leader = int(r.stdout.text.split("leader=")[1])
+        assert r.stderr.text == ""
+        # Peeked before the stray reaper took it, or lost: never another process's status.
+        assert r.exit_status_unknown or r.exit_code == 0
+        if not stranger:
+            pytest.fail("the escapee never got ready")
+        victim = stranger[0]
+        try:
+            if victim.pid != leader:
+                continue  # another process on the machine took the number first: again
+            time.sleep(0.3)  # a SIGKILL sent as the call settled has landed by now
+            assert victim.poll() is None, "the stranger that got the leader's number was killed"
+            with open(f"/proc/{victim.pid}/status") as f:
+                pending = [ln for ln in f if ln.startswith(("SigPnd", "ShdPnd"))]
+            assert all(int(ln.split()[1], 16) == 0 for ln in pending), pending
+            # The escapee, left in the call's cgroup (session containment does not follow setsid).
+            assert r.leftover_killed == (1 if containment == "auto" else 0)
+            return
+        finally:
+            victim.kill()
+            victim.wait()
+            for p in _escapees(str(TAKE)):
+                os.kill(p, 9)
+    pytest.fail("the stranger never got the leader's number")
+
+
+def _escapees(script: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/cmdline", "rb") as f:
+                if script.encode() in f.read():
+                    found.append(int(name))
+    return found

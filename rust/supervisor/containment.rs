@@ -112,9 +112,9 @@ impl Shared {
         }
     }
 
-    /// The call settled. While its leader is still an unreaped zombie (`leader_held`): stop
-    /// watching it, reap its stray zombies, let the keeper forget a session group. Then
-    /// `release_leader`, and only after that does its cgroup go back to the pool: when
+    /// The call settled. While its leader is still an unreaped zombie: stop watching it,
+    /// kill what is left of a session-contained call's group, reap its stray zombies, let
+    /// the keeper forget a session group. Then `release_leader`, and only after that does its cgroup go back to the pool: when
     /// nothing is left charged to it (see `ServiceCgroups::reusable`) and no zombie of the
     /// call can still turn up. Otherwise it is queued for removal off the caller's path.
     /// Zombies of the call still to come are looked for a moment (for a subreaper harness,
@@ -123,19 +123,19 @@ impl Shared {
         &self,
         pgid: libc::pid_t,
         contain: &mut CallContainment,
-        leader_held: bool,
-        release_leader: impl FnOnce(),
+        release_leader: impl FnOnce(&CallContainment),
     ) {
         if let Some((fd, key)) = contain.events.take() {
             self.unwatch(&fd, key);
         }
         self.unwatch_oom(contain);
-        contain.end_group(pgid, leader_held);
-        contain.reap_strays(pgid, leader_held);
+        contain.end_group(pgid);
+        contain.reap_strays(pgid);
         if contain.cgroup.is_none() {
             self.tell_keeper(|k| k.ungroup(pgid));
         }
-        release_leader();
+        release_leader(contain);
+        let leader = contain.leader.take();
         let (held, coming) = contain.left_behind();
         let owner = match contain.cgroup.take() {
             Some(mut cg) => {
@@ -157,7 +157,10 @@ impl Shared {
                 eventfd_raise(&self.wake);
                 Owner::Cgroup(tail)
             }
-            None => Owner::Group(pgid),
+            None => match leader {
+                Some(leader) => Owner::Group(pgid, leader),
+                None => return,
+            },
         };
         let now = Instant::now();
         if lock(&self.adopted).settled(owner, coming, now) {

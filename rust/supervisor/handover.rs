@@ -74,7 +74,7 @@ fn try_take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
         return None;
     }
     let dup = |fd: Option<&OwnedFd>| fd.and_then(|fd| fd.try_clone().ok());
-    let pidfd = dup(st.pidfd.as_ref())?;
+    let pidfd = dup(st.contain.leader.as_ref())?;
     let (stdout, stderr) = (dup(st.stdout.fd.as_deref()), dup(st.stderr.fd.as_deref()));
     if stdout.is_none() != st.stdout.fd.is_none() || stderr.is_none() != st.stderr.fd.is_none() {
         return None; // out of fds: leave it all to the supervisor
@@ -84,7 +84,7 @@ fn try_take(proc: &Proc, st: &mut ProcState) -> Option<Taken> {
         for fd in [
             st.stdout.fd.as_deref(),
             st.stderr.fd.as_deref(),
-            st.pidfd.as_ref(),
+            st.contain.leader.as_ref(),
         ]
         .into_iter()
         .flatten()
@@ -128,7 +128,7 @@ fn give_back(proc: &Proc, st: &mut ProcState) {
     if let (Some(fd), Some(key)) = (st.stderr.fd.as_deref(), st.stderr.key) {
         shared.resume_watch(fd, key);
     }
-    if let (Some(fd), Some(key)) = (st.pidfd.as_ref(), st.pidfd_key) {
+    if let (Some(fd), Some(key)) = (st.contain.leader.as_ref(), st.pidfd_key) {
         shared.resume_watch(fd, key);
     }
 }

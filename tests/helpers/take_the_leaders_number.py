@@ -1,0 +1,71 @@
+"""An escapee that hands its call's leader pid to the next process the harness starts.
+
+Usage: take_the_leaders_number.py LEADER READY [GO]
+
+Runs in a session of its own (``setsid``). It brings the pid allocator round to just before
+the leader's number with forks that fail in a pid namespace whose init died (they take a
+number and give it back, and no privilege is needed) and creates READY: once the leader's
+number is free, the next process created on the machine gets it.
+
+With GO, it holds the call's stdout and stderr, and starts once the leader is gone (reaped by
+somebody else: a harness's stray ``waitpid(-1)``); after READY it waits for GO (the harness
+started its next process meanwhile), closes the call's pipes so that the call settles, and
+sleeps on in the call's cgroup, if it has one, so that the call finds something left to
+signal. Without GO it laps while the leader still holds its number, and exits.
+"""
+
+import ctypes
+import os
+import sys
+import time
+
+leader, ready = int(sys.argv[1]), sys.argv[2]
+go = sys.argv[3] if len(sys.argv) > 3 else None
+deadline = time.monotonic() + 60
+while go and os.path.exists(f"/proc/{leader}"):
+    if time.monotonic() > deadline:
+        sys.exit("the leader was never reaped")
+    time.sleep(0.001)
+
+libc = ctypes.CDLL(None, use_errno=True)
+flags = 0x20000000 | (0 if os.geteuid() == 0 else 0x10000000)  # CLONE_NEWPID (+ NEWUSER)
+if libc.unshare(flags) != 0:
+    sys.exit("unshare failed")
+init = os.fork()  # the new namespace's init, which exits at once
+if init == 0:
+    os._exit(0)
+os.waitpid(init, 0)
+
+
+def last() -> int:
+    with open("/proc/sys/kernel/ns_last_pid") as f:
+        return int(f.read())
+
+
+def just_before(now: int) -> bool:
+    """The next pid handed out is the leader's: every number in between is taken."""
+    return now < leader and all(os.path.exists(f"/proc/{p}") for p in range(now + 1, leader))
+
+
+prev, wrapped = last(), False
+for _ in range(400_000):
+    if wrapped and leader - 64 < prev < leader and just_before(prev):
+        break
+    # CLONE_VM|CLONE_VFORK|SIGCHLD: fails with ENOMEM in a namespace without init.
+    if libc.syscall(56, 0x4000 | 0x100 | 17, 0, 0, 0, 0) == 0:
+        os._exit(0)
+    now = last()
+    wrapped = wrapped or now < prev
+    prev = now
+else:
+    sys.exit("no lap")
+open(ready, "w").close()
+if go is None:
+    sys.exit(0)
+while not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit("never told to go")
+    time.sleep(0.001)
+os.close(1)
+os.close(2)
+time.sleep(30)
