@@ -292,28 +292,58 @@ impl Stat {
     }
 
     /// For process `pid` that is not `dead`: whether it runs on, rather than being in exit(2)
-    /// (`PF_EXITING`: going away on its own). The flags are the main thread's: when it
-    /// exited (a zombie with other threads) the process lives on in them, and when it is
-    /// exiting, in any other thread that is not exiting too. (Judged by its threads' own
-    /// state alone, a process whose threads keep starting the next and exiting was caught
-    /// between them and taken for exiting.)
+    /// (`PF_EXITING`: going away on its own). The flags are the main thread's: when it is
+    /// exiting or exited (a zombie with other threads), the process lives on in any other
+    /// thread that is not exiting too (see `another_thread_runs`).
     pub fn live(&self, pid: libc::pid_t) -> bool {
-        self.flags & PF_EXITING == 0
-            || (self.threads > 1 && (self.state == 'Z' || another_thread_runs(pid)))
+        self.flags & PF_EXITING == 0 || (self.threads > 1 && another_thread_runs(pid))
     }
 }
 
 /// Whether a thread of process `pid` other than its main thread runs and is not exiting.
+///
+/// A process in `exit_group` has every thread exiting for as long as its address space takes
+/// to tear down (half a second for 4 GiB), and is going away on its own. Judged by its
+/// threads' state alone, a process whose threads keep starting the next and exiting could be
+/// caught between them; but such a chain creates threads, and a process in `exit_group`
+/// cannot: so when no listed thread runs, the threads are listed again, and a thread that was
+/// not there before means the process runs on.
 fn another_thread_runs(pid: libc::pid_t) -> bool {
+    let first = other_threads(pid);
+    let runs = |&tid: &libc::pid_t| {
+        let task = format!("/proc/{pid}/task/{tid}");
+        parse_stat(&read_proc(&format!("{task}/stat")).unwrap_or_default())
+            .is_some_and(|t| t.state != 'Z' && t.state != 'X' && t.flags & PF_EXITING == 0)
+            && !sigkill_pending(&read_proc(&format!("{task}/status")).unwrap_or_default())
+    };
+    first.iter().any(runs) || other_threads(pid).iter().any(|tid| !first.contains(tid))
+}
+
+/// Whether a /proc status text shows a SIGKILL pending (`SigPnd`, or `ShdPnd` for the whole
+/// process): `exit_group` and a fatal signal queue one on every other thread, which is on its
+/// way out but not yet `PF_EXITING` until it is next scheduled.
+fn sigkill_pending(status: &str) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    status
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("SigPnd:")
+                .or_else(|| l.strip_prefix("ShdPnd:"))
+        })
+        .filter_map(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .any(|mask| mask & SIGKILL_BIT != 0)
+}
+
+/// The threads of process `pid` but its main thread.
+fn other_threads(pid: libc::pid_t) -> Vec<libc::pid_t> {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
+        return Vec::new();
     };
     tasks
         .flatten()
         .filter_map(|task| task.file_name().to_str()?.parse::<libc::pid_t>().ok())
         .filter(|&tid| tid != pid)
-        .filter_map(|tid| parse_stat(&read_proc(&format!("/proc/{pid}/task/{tid}/stat"))?))
-        .any(|t| t.state != 'Z' && t.state != 'X' && t.flags & PF_EXITING == 0)
+        .collect()
 }
 
 /// Parses a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
@@ -368,6 +398,28 @@ mod tests {
             parse_stat(exiting).map(|s| s.flags & PF_EXITING),
             Some(PF_EXITING)
         );
+    }
+
+    #[test]
+    fn a_pending_sigkill_is_read_from_status() {
+        let status = |pnd: &str, shd: &str| format!("Name:\tx\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\n");
+        assert!(!sigkill_pending(&status(
+            "0000000000000000",
+            "0000000000000000"
+        )));
+        assert!(sigkill_pending(&status(
+            "0000000000000100",
+            "0000000000000000"
+        )));
+        assert!(sigkill_pending(&status(
+            "0000000000000000",
+            "0000000000004100"
+        )));
+        assert!(!sigkill_pending(&status(
+            "0000000000004000",
+            "0000000000000080"
+        )));
+        assert!(!sigkill_pending(""));
     }
 
     #[test]

@@ -9,6 +9,10 @@ are not counted: nothing was stopped.
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 from conftest import run
@@ -29,3 +33,39 @@ def test_a_job_still_running_is_counted(service: SubprocessService) -> None:
     executor = LocalShellExecutor(shell="/bin/sh", grace_ms=200, service=service)
     result = run(executor, "sleep 30 > /dev/null 2>&1 & echo started")
     assert (result.stdout.text, result.leftover_killed) == ("started\n", 1)
+
+
+# Found by attacking: a job with threads and a large address space that exits on its own
+# (`exit_group`) shows a zombie main thread and other threads for as long as the address
+# space takes to tear down (half a second for 4 GiB), every one of them exiting. It was taken
+# for a process whose main thread exited while others run on, and counted (3 calls of 3
+# under session containment).
+BIG_JOB = """
+import os, sys, threading
+block = bytearray(1 << 31)
+block[::4096] = b"\\1" * (len(block) // 4096)  # every page touched: 2 GiB to tear down
+for _ in range(4):
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+with open(sys.argv[1], "w") as fifo:
+    fifo.write("x")
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_big_threaded_job_exiting_on_its_own_is_never_counted(
+    service: SubprocessService, tmp_path: Path, containment: str
+) -> None:
+    executor = LocalShellExecutor(
+        grace_ms=2_000,
+        service=service,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    job = tmp_path / "job.py"
+    job.write_text(BIG_JOB)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    command = f"{sys.executable} {job} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
+    for _ in range(3):
+        result = run(executor, command)
+        assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)
