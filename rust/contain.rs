@@ -100,6 +100,8 @@ pub(crate) struct CallContainment {
     /// The call's leader (its pidfd, from the clone until the call is done): its group is
     /// signalled through it, and it tells whether the leader still holds its number.
     pub leader: Option<OwnedFd>,
+    /// The leader's pid (for a kernel without `waitid(P_PIDFD)`).
+    pub leader_pid: libc::pid_t,
     pub cgroup: Option<CallCgroup>,
     contained: bool,
     tree_memory: bool,
@@ -175,6 +177,7 @@ impl CallContainment {
         (
             Self {
                 leader: None,
+                leader_pid: 0,
                 contained: cgroup.is_some(),
                 cgroup,
                 tree_memory,
@@ -202,7 +205,9 @@ impl CallContainment {
     /// process. False once somebody else reaped it (a stray `waitpid(-1)` in the harness):
     /// the number may then be anybody's, and nothing is done by number any more.
     pub fn held(&self) -> bool {
-        self.leader.as_ref().is_some_and(|fd| unreaped(fd.as_fd()))
+        self.leader
+            .as_ref()
+            .is_some_and(|fd| unreaped(fd.as_fd(), self.leader_pid))
     }
 
     fn leader_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -243,13 +248,13 @@ impl CallContainment {
     /// Reaps the leader (the call is done with its number) with its rusage.
     pub fn reap_leader(&self) -> Reaped {
         self.leader_fd()
-            .map_or(Reaped::Lost, |fd| reap_leader(fd, false))
+            .map_or(Reaped::Lost, |fd| reap_leader(fd, self.leader_pid, false))
     }
 
     /// Waits for the leader to exit and reaps it (a call that is being abandoned).
     pub fn reap_leader_blocking(&self) {
         if let Some(fd) = self.leader_fd() {
-            reap_leader(fd, true);
+            reap_leader(fd, self.leader_pid, true);
         }
     }
 
@@ -391,9 +396,8 @@ impl CallContainment {
         };
         if self.strays_looked_for {
             let tail = self.cgroup.as_ref().map(|cg| cgroup_tail(cg.path()));
-            let leader = self.leader.as_ref().map(AsFd::as_fd);
-            let held = || leader.is_some_and(unreaped);
-            self.strays = reap_strays(pgid, self.spawner, &held, tail.as_deref());
+            let strays = reap_strays(pgid, self.spawner, &|| self.held(), tail.as_deref());
+            self.strays = strays;
         }
     }
 

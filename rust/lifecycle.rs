@@ -163,7 +163,7 @@ pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
     if st.leader.is_some() {
         return;
     }
-    match peek_exit(std::os::fd::AsFd::as_fd(fd)) {
+    match peek_exit(std::os::fd::AsFd::as_fd(fd), proc.pid) {
         Peeked::Exited(status) => st.leader = Some(LeaderExit::Zombie(status)),
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
         // that the status is unknown instead of waiting forever or making one up.

@@ -117,6 +117,7 @@ impl Proc {
         started: Instant,
     ) -> Self {
         contain.leader = Some(child.pidfd);
+        contain.leader_pid = child.pid;
         Self {
             token,
             pid: child.pid,

@@ -428,7 +428,7 @@ impl Service {
             if st.stderr.fd.is_some() {
                 st.stderr.key = Some(shared.route_only(Source::Stderr(token)));
             }
-            if st.contain.leader.is_some() {
+            if st.contain.leader.is_some() && st.leader.is_none() {
                 st.pidfd_key = Some(shared.route_only(Source::Exit(token)));
             }
             return Ok(());
@@ -445,7 +445,9 @@ impl Service {
             let output = writable();
             st.stdin.key = Some(shared.watch(fd, output, Source::Stdin(token))?);
         }
-        if let Some(fd) = &st.contain.leader {
+        // The pidfd stays open after the leader's exit is seen (see `CallContainment::leader`),
+        // readable for good: watched only until then.
+        if let (Some(fd), None) = (&st.contain.leader, &st.leader) {
             st.pidfd_key = Some(shared.watch(fd, input, Source::Exit(token))?);
         }
         Ok(())

@@ -148,14 +148,14 @@ pub(crate) enum Reaped {
     Lost,
 }
 
-/// Reaps the child `leader` names (its pidfd), with its rusage; without blocking unless
-/// `block`. By pidfd, never by number: once somebody else reaped the child, its number may
-/// already be another child's.
-pub(crate) fn reap_leader(leader: BorrowedFd<'_>, block: bool) -> Reaped {
+/// Reaps the child `leader` names (its pidfd; `pid` its number), with its rusage; without
+/// blocking unless `block`. By pidfd, not by number: once somebody else reaped the child,
+/// its number may already be another child's (by number only before Linux 5.4).
+pub(crate) fn reap_leader(leader: BorrowedFd<'_>, pid: libc::pid_t, block: bool) -> Reaped {
     // SAFETY: rusage is plain old data; all-zero is a valid value that waitid overwrites.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let options = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
-    match waitid_pidfd(leader, options, Some(&mut usage)) {
+    match waitid_leader(leader, pid, options, Some(&mut usage)) {
         Ok(Some(status)) => Reaped::Exited(status, usage),
         Ok(None) => Reaped::Running,
         Err(_) => Reaped::Lost,
@@ -173,8 +173,13 @@ pub(crate) enum Peeked {
     Lost,
 }
 
-pub(crate) fn peek_exit(leader: BorrowedFd<'_>) -> Peeked {
-    match waitid_pidfd(leader, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT, None) {
+pub(crate) fn peek_exit(leader: BorrowedFd<'_>, pid: libc::pid_t) -> Peeked {
+    match waitid_leader(
+        leader,
+        pid,
+        libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        None,
+    ) {
         Ok(Some(status)) => Peeked::Exited(status),
         Ok(None) => Peeked::Running,
         Err(_) => Peeked::Lost,
@@ -184,18 +189,27 @@ pub(crate) fn peek_exit(leader: BorrowedFd<'_>) -> Peeked {
 /// Whether the child `leader` names is still ours to reap (running, or a zombie nobody
 /// reaped): while it is, its pid, and so the number of a group or session it leads, cannot
 /// have gone to another process.
-pub(crate) fn unreaped(leader: BorrowedFd<'_>) -> bool {
-    waitid_pidfd(leader, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT, None).is_ok()
+pub(crate) fn unreaped(leader: BorrowedFd<'_>, pid: libc::pid_t) -> bool {
+    waitid_leader(
+        leader,
+        pid,
+        libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        None,
+    )
+    .is_ok()
 }
 
-/// `waitid(P_PIDFD)`, the raw syscall (glibc's wrapper has no rusage, nix's no raw status):
-/// Ok(Some(raw wait status)) once exited, Ok(None) while running (WNOHANG).
-fn waitid_pidfd(
+/// `waitid(P_PIDFD)` on `leader`, or `waitid(P_PID)` on `pid` where the kernel has no
+/// `P_PIDFD` (before 5.4: EINVAL). The raw syscall (glibc's wrapper has no rusage, nix's no
+/// raw status): Ok(Some(raw wait status)) once exited, Ok(None) while running (WNOHANG).
+fn waitid_leader(
     leader: BorrowedFd<'_>,
+    pid: libc::pid_t,
     options: libc::c_int,
     usage: Option<&mut libc::rusage>,
 ) -> Result<Option<libc::c_int>, Errno> {
     let usage = usage.map_or(std::ptr::null_mut(), |u| u as *mut libc::rusage);
+    let mut target = (libc::P_PIDFD, leader.as_raw_fd() as libc::id_t);
     loop {
         // SAFETY: siginfo_t is plain old data; all-zero is valid and waitid overwrites it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -204,8 +218,8 @@ fn waitid_pidfd(
         let r = unsafe {
             libc::syscall(
                 libc::SYS_waitid,
-                libc::P_PIDFD,
-                leader.as_raw_fd(),
+                target.0,
+                target.1,
                 &mut info as *mut libc::siginfo_t,
                 options,
                 usage,
@@ -214,6 +228,10 @@ fn waitid_pidfd(
         if r < 0 {
             match Errno::last() {
                 Errno::EINTR => continue,
+                Errno::EINVAL if target.0 == libc::P_PIDFD => {
+                    target = (libc::P_PID, pid as libc::id_t);
+                    continue;
+                }
                 err => return Err(err),
             }
         }
@@ -272,9 +290,9 @@ mod tests {
         assert!(fd >= 0, "pidfd_open");
         // SAFETY: a new descriptor nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
-        assert!(unreaped(fd.as_fd()));
+        assert!(unreaped(fd.as_fd(), pid));
         let status = loop {
-            match peek_exit(fd.as_fd()) {
+            match peek_exit(fd.as_fd(), pid) {
                 Peeked::Exited(status) => break status,
                 Peeked::Running => std::thread::sleep(Duration::from_millis(2)),
                 Peeked::Lost => panic!("lost our own child"),
@@ -282,16 +300,16 @@ mod tests {
         };
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7);
         // Still a zombie of ours: the peek did not reap it.
-        assert!(unreaped(fd.as_fd()));
-        match reap_leader(fd.as_fd(), false) {
+        assert!(unreaped(fd.as_fd(), pid));
+        match reap_leader(fd.as_fd(), pid, false) {
             Reaped::Exited(again, usage) => {
                 assert_eq!(again, status);
                 assert!(usage.ru_maxrss > 0, "rusage comes with the reap");
             }
             _ => panic!("the peek reaped the child"),
         }
-        assert!(!unreaped(fd.as_fd()));
-        assert!(matches!(peek_exit(fd.as_fd()), Peeked::Lost));
+        assert!(!unreaped(fd.as_fd(), pid));
+        assert!(matches!(peek_exit(fd.as_fd(), pid), Peeked::Lost));
         assert!(child.wait().is_err(), "already reaped above");
     }
 }
