@@ -555,39 +555,10 @@ def test_a_fork_chain_does_not_outlive_its_call(
         assert wait_gone(token, timeout=1.0) == []
 
 
-# Found by attacking: the lap can leave no trace in any counter. Forks into a pid namespace
-# whose init has died fail after taking a number in every ancestor namespace and giving it
-# back, so ~32k of them (well under a second, no privilege: a user namespace comes with it)
-# bring the allocator round to just past the leader without allocating a single task (nor a
-# pidfs inode), and a live process outside the session then takes the last pid.
-FAILED_FORK_LAP = f"""{PY} - $$ <<'EOF'
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-leader = int(sys.argv[1])
-flags = 0x20000000 | (0 if os.geteuid() == 0 else 0x10000000)  # CLONE_NEWPID (+ NEWUSER)
-if libc.unshare(flags) != 0:
-    sys.exit("unshare failed")
-init = os.fork()  # the new namespace's init, which exits at once
-if init == 0:
-    os._exit(0)
-os.waitpid(init, 0)
-def last():
-    with open("/proc/sys/kernel/ns_last_pid") as f:
-        return int(f.read())
-prev, wrapped = last(), False
-for _ in range(200_000):
-    # CLONE_VM|CLONE_VFORK|SIGCHLD: fails with ENOMEM in a namespace without init; a child
-    # that ran anyway would only exit.
-    if libc.syscall(56, 0x4000 | 0x100 | 17, 0, 0, 0, 0) == 0:
-        os._exit(0)
-    now = last()
-    wrapped = wrapped or now < prev
-    prev = now
-    if wrapped and leader < now < leader + 10:
-        break
-else:
-    sys.exit("no lap")
-EOF"""
+# Found by attacking: the lap can leave no trace in any counter (helpers/pid_lap.py: forks
+# that fail in a pid namespace whose init died), and a live process outside the session then
+# takes the last pid.
+FAILED_FORK_LAP = f"{PY} {os.path.join(os.path.dirname(__file__), 'helpers', 'pid_lap.py')} $$"
 
 
 def test_session_containment_survives_a_lap_made_of_failed_forks(

@@ -113,21 +113,9 @@ def test_a_leader_reaped_elsewhere_never_lends_its_number_to_the_calls_kill(
         ready, go = tmp_path / f"ready{attempt}", tmp_path / f"go{attempt}"
         stranger: list[subprocess.Popen[bytes]] = []
         stop = threading.Event()
-
-        def harness() -> None:
-            # Reaps what exits, as a careless SIGCHLD handler does, but never the stranger
-            # (its owner waits for it); starts the stranger once the escapee is ready.
-            while not stop.is_set():
-                with contextlib.suppress(ChildProcessError):
-                    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                    if info and not any(p.pid == info.si_pid for p in stranger):
-                        os.waitpid(info.si_pid, os.WNOHANG)
-                if not stranger and ready.exists():
-                    stranger.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
-                    go.touch()
-                stop.wait(0.0005)
-
-        thread = threading.Thread(target=harness, daemon=True)
+        thread = threading.Thread(
+            target=_careless_harness, args=(stop, stranger, ready, go), daemon=True
+        )
         thread.start()
         try:
             r = run(ex, f"setsid {sys.executable} {TAKE} $$ {ready} {go} & echo leader=$$")
@@ -158,6 +146,22 @@ def test_a_leader_reaped_elsewhere_never_lends_its_number_to_the_calls_kill(
             for p in _escapees(str(TAKE)):
                 os.kill(p, 9)
     pytest.fail("the stranger never got the leader's number")
+
+
+def _careless_harness(
+    stop: threading.Event, stranger: list[subprocess.Popen[bytes]], ready: Path, go: Path
+) -> None:
+    """Reaps what exits, as a careless SIGCHLD handler does, but never the stranger (its owner
+    waits for it); starts the stranger once the escapee is ready."""
+    while not stop.is_set():
+        with contextlib.suppress(ChildProcessError):
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info and not any(p.pid == info.si_pid for p in stranger):
+                os.waitpid(info.si_pid, os.WNOHANG)
+        if not stranger and ready.exists():
+            stranger.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+            go.touch()
+        stop.wait(0.0005)
 
 
 def _escapees(script: str) -> list[int]:

@@ -14,10 +14,11 @@ sleeps on in the call's cgroup, if it has one, so that the call finds something 
 signal. Without GO it laps while the leader still holds its number, and exits.
 """
 
-import ctypes
 import os
 import sys
 import time
+
+from pid_lap import lap  # beside this script, so on sys.path
 
 leader, ready = int(sys.argv[1]), sys.argv[2]
 go = sys.argv[3] if len(sys.argv) > 3 else None
@@ -27,38 +28,13 @@ while go and os.path.exists(f"/proc/{leader}"):
         sys.exit("the leader was never reaped")
     time.sleep(0.001)
 
-libc = ctypes.CDLL(None, use_errno=True)
-flags = 0x20000000 | (0 if os.geteuid() == 0 else 0x10000000)  # CLONE_NEWPID (+ NEWUSER)
-if libc.unshare(flags) != 0:
-    sys.exit("unshare failed")
-init = os.fork()  # the new namespace's init, which exits at once
-if init == 0:
-    os._exit(0)
-os.waitpid(init, 0)
-
-
-def last() -> int:
-    with open("/proc/sys/kernel/ns_last_pid") as f:
-        return int(f.read())
-
 
 def just_before(now: int) -> bool:
     """The next pid handed out is the leader's: every number in between is taken."""
     return now < leader and all(os.path.exists(f"/proc/{p}") for p in range(now + 1, leader))
 
 
-prev, wrapped = last(), False
-for _ in range(400_000):
-    if wrapped and leader - 64 < prev < leader and just_before(prev):
-        break
-    # CLONE_VM|CLONE_VFORK|SIGCHLD: fails with ENOMEM in a namespace without init.
-    if libc.syscall(56, 0x4000 | 0x100 | 17, 0, 0, 0, 0) == 0:
-        os._exit(0)
-    now = last()
-    wrapped = wrapped or now < prev
-    prev = now
-else:
-    sys.exit("no lap")
+lap(lambda now: leader - 64 < now < leader and just_before(now))
 open(ready, "w").close()
 if go is None:
     sys.exit(0)
