@@ -266,8 +266,8 @@ fn slot_bytes(pgid: libc::pid_t, ino: u64) -> [u8; SLOT] {
 
 /// The processes of cgroup `dir` and of every cgroup below it.
 fn procs_below(dir: &Path) -> Vec<libc::pid_t> {
-    let mut pids: Vec<libc::pid_t> = fs::read_to_string(dir.join("cgroup.procs"))
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    let mut pids = fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| crate::cgroup::procs(&t))
         .unwrap_or_default();
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {

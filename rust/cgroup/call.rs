@@ -421,7 +421,7 @@ impl CallCgroup {
     pub fn members(&self) -> Vec<libc::pid_t> {
         self.dir
             .read("cgroup.procs")
-            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .map(|t| super::procs(&t))
             .unwrap_or_default()
     }
 

@@ -115,6 +115,11 @@ pub(super) fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The pids a `cgroup.procs` text lists.
+pub(crate) fn procs(text: &str) -> Vec<libc::pid_t> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
