@@ -78,26 +78,33 @@ pub(super) fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<
     Ok(unsafe { fs::File::from_raw_fd(fd) })
 }
 
-/// Reads a cgroup file, or a one-record /proc file (`stat`, `cgroup`; `dir` AT_FDCWD).
-/// kernfs and procfs hand over everything that fits in one read, so a short read is the
-/// end: one `read` per small file instead of `read_to_string`'s probes and `statx`.
+/// Reads a cgroup file, or a /proc file (`stat`, `cgroup`; `dir` AT_FDCWD): one `read` per
+/// small file instead of `read_to_string`'s probes and `statx` (see `read_whole`).
 pub(crate) fn read_at(dir: RawFd, name: &str) -> io::Result<String> {
     read_whole(&open_at(dir, name, libc::O_RDONLY)?)
 }
 
-/// Reads a small kernfs or procfs file from offset 0 with `pread`, so that a held fd can be
-/// read again (kernfs regenerates the file for each read at offset 0; a short read is the
-/// end).
+/// Reads a kernfs or procfs file from offset 0 with `pread`, so that a held fd can be read
+/// again (kernfs regenerates the file for each read at offset 0).
+///
+/// Both hand out at most a page of whole records per read, so a read of a long list
+/// (`cgroup.procs` with a thousand pids) comes back short long before the end: only a read
+/// shorter than half a page, which no record of these files comes near, or an empty one, is
+/// the end. (Taking any short read for the end cut `cgroup.procs` at ~680 pids: the rest
+/// went uncounted, and a process `cgroup.kill` misses was never killed by pid.)
 pub(super) fn read_whole(file: &fs::File) -> io::Result<String> {
-    let mut buf = vec![0u8; 4096];
+    const PAGE: usize = 4096;
+    let mut buf = vec![0u8; PAGE];
     let mut len = 0;
     loop {
+        if buf.len() - len < PAGE {
+            buf.resize(buf.len() * 2, 0);
+        }
         let n = file.read_at(&mut buf[len..], len as u64)?;
         len += n;
-        if n == 0 || len < buf.len() {
+        if n < PAGE / 2 {
             break;
         }
-        buf.resize(buf.len() * 2, 0);
     }
     buf.truncate(len);
     String::from_utf8(buf).map_err(|_| io::Error::from_raw_os_error(libc::EILSEQ))
