@@ -200,14 +200,16 @@ impl CallContainment {
         )
     }
 
-    /// Whether the leader is still ours to reap (running, or a zombie nobody reaped): its
-    /// pid, and with it the number of the call's group and session, has not gone to another
-    /// process. False once somebody else reaped it (a stray `waitpid(-1)` in the harness):
-    /// the number may then be anybody's, and nothing is done by number any more.
+    /// Whether the number of the call's group and session is provably still the call's:
+    /// while the leader is ours to reap (running, or a zombie nobody reaped), or while its
+    /// group (asked through the pidfd) has members, either of which keeps the number from
+    /// being handed out. False once somebody else reaped the leader (a stray `waitpid(-1)`
+    /// in the harness, `SIGCHLD` ignored) and the group emptied: the number may then be
+    /// anybody's, and nothing is done by number any more.
     pub fn held(&self) -> bool {
-        self.leader
-            .as_ref()
-            .is_some_and(|fd| unreaped(fd.as_fd(), self.leader_pid))
+        self.leader_fd().is_some_and(|fd| {
+            unreaped(fd, self.leader_pid) || signal_group_of(fd, 0).unwrap_or(false)
+        })
     }
 
     fn leader_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -355,8 +357,7 @@ impl CallContainment {
     pub fn any_alive(&mut self, pgid: libc::pid_t) -> bool {
         match &self.cgroup {
             Some(cg) => {
-                let alive =
-                    cg.populated() && cg.members().into_iter().any(|p| liveness(p).is_some());
+                let alive = cg.populated() && cg.members().into_iter().any(crate::kill::not_dead);
                 self.emptied = !alive;
                 alive
             }

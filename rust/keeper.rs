@@ -116,12 +116,22 @@ impl Duties {
         }
         // SAFETY: getpgrp has no preconditions.
         let own = unsafe { libc::getpgrp() };
-        for (pgid, ino) in self.all_groups() {
-            if pgid > 1 && pgid != own {
-                kill_session(pgid, ino);
-            }
-        }
+        let groups = self.all_groups();
         let deadline = Instant::now() + EMPTY_WAIT;
+        // Again while a pass reached anybody: a member not killed yet may have forked after
+        // the pass listed the session.
+        loop {
+            let mut reached = false;
+            for (&pgid, &ino) in &groups {
+                if pgid > 1 && pgid != own {
+                    reached |= kill_session(pgid, ino);
+                }
+            }
+            if !reached || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         while self.cgroups.iter().any(|cg| populated(cg)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -142,11 +152,12 @@ impl Duties {
 /// leader's pidfd: the group itself. When the pid names another process, the number was free
 /// (nothing of the call held it any more) and went to a stranger, not ours to kill. When no
 /// process has it (the leader was reaped since the harness died) or the inode is unknown, the
-/// group and session are found by their number, as members still hold it.
-fn kill_session(pgid: libc::pid_t, ino: u64) {
+/// group and session are found by their number, as members still hold it. Whether it
+/// reached a live member outside the group.
+fn kill_session(pgid: libc::pid_t, ino: u64) -> bool {
     let leader = crate::kill::pidfd_open(pgid).filter(|_| ino != 0);
     let by_pidfd = match &leader {
-        Some(fd) if crate::kill::pidfs_ino(fd.as_fd()) != ino => return,
+        Some(fd) if crate::kill::pidfs_ino(fd.as_fd()) != ino => return false,
         Some(fd) => crate::kill::signal_group_of(fd.as_fd(), libc::SIGKILL).is_ok(),
         None => false,
     };
@@ -155,7 +166,7 @@ fn kill_session(pgid: libc::pid_t, ino: u64) {
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
     }
     // The session's members that left the group (`set -m`, `setpgid`).
-    crate::kill::signal_outside_group(pgid, libc::SIGKILL, || true);
+    !crate::kill::signal_outside_group(pgid, libc::SIGKILL, || true).is_empty()
 }
 
 /// The live groups in a group table (pgid 0: a free slot), with their leaders' inodes.
@@ -550,7 +561,7 @@ mod tests {
     }
 
     fn alive(pid: libc::pid_t) -> bool {
-        crate::kill::liveness(pid).is_some()
+        crate::kill::not_dead(pid)
     }
 
     #[test]

@@ -227,6 +227,12 @@ pub fn liveness(pid: libc::pid_t) -> Option<bool> {
     (!stat.dead()).then(|| stat.live(pid))
 }
 
+/// Whether process `pid` is there and not dead (live or exiting): `liveness(pid).is_some()`
+/// without reading what `Stat::live` reads.
+pub fn not_dead(pid: libc::pid_t) -> bool {
+    stat_of(pid).is_some_and(|s| !s.dead())
+}
+
 /// The children of one thread of this process, from `/proc/self/task/<tid>/children`
 /// (None: no such thread).
 pub fn task_children(tid: libc::pid_t) -> Option<Vec<libc::pid_t>> {
@@ -291,12 +297,19 @@ impl Stat {
         (self.state == 'Z' && self.threads <= 1) || self.state == 'X'
     }
 
-    /// For process `pid` that is not `dead`: whether it runs on, rather than being in exit(2)
-    /// (`PF_EXITING`: going away on its own). The flags are the main thread's: when it is
-    /// exiting or exited (a zombie with other threads), the process lives on in any other
-    /// thread that is not exiting too (see `another_thread_runs`).
+    /// For process `pid` that is not `dead`: whether it runs on, rather than going away on
+    /// its own (in exit(2), `PF_EXITING`, or with a SIGKILL pending, which `exit_group` and
+    /// a fatal signal queue on every thread: a thread busy in the kernel, a long `munmap`,
+    /// shows neither state nor flag until it returns). The flags are the main thread's: when
+    /// it is exiting or exited (a zombie with other threads), the process lives on in any
+    /// other thread that is not exiting too (see `another_thread_runs`).
     pub fn live(&self, pid: libc::pid_t) -> bool {
-        self.flags & PF_EXITING == 0 || (self.threads > 1 && another_thread_runs(pid))
+        if self.flags & PF_EXITING == 0 {
+            return !sigkill_pending(
+                &read_proc(&format!("/proc/{pid}/status")).unwrap_or_default(),
+            );
+        }
+        self.threads > 1 && another_thread_runs(pid)
     }
 }
 
@@ -466,7 +479,7 @@ mod tests {
             // SAFETY: as above.
             unsafe { libc::_exit(0) };
         }
-        while liveness(pid).is_some() {
+        while not_dead(pid) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         pid

@@ -157,7 +157,8 @@ fn unwatch_exit(proc: &Proc, st: &mut ProcState) {
 /// The pidfd became readable: read the leader's status, leaving it a zombie. An unreaped
 /// leader keeps its pid, and so the group's number, from being reused: the drain and the
 /// leftover kill can never signal a group that is no longer the call's. `finish` reaps it.
-/// Once: a waiting caller and the supervisor may both have seen the exit.
+/// Once: a waiting caller and the supervisor may both have seen the exit. Called only when
+/// the pidfd is readable, i.e. the leader exited.
 pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
     let Some(fd) = &st.contain.leader else { return };
     if st.leader.is_some() {
@@ -168,20 +169,35 @@ pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
         // ECHILD: somebody else reaped it (a stray waitpid(-1) in the harness). Report
         // that the status is unknown instead of waiting forever or making one up.
         Peeked::Lost => st.leader = Some(LeaderExit::Unknown),
-        Peeked::Running => return,
+        // Exited, yet not waitable: a process of the call traces it (`PTRACE_SEIZE` of the
+        // shell) and holds its zombie. The call goes on as after any exit (its leftovers,
+        // the tracer among them, are killed, which hands the zombie back); waiting for a
+        // status that may never come spun the supervisor on the readable pidfd and held the
+        // call past its timeout (found by attacking).
+        Peeked::Running => st.leader = Some(LeaderExit::Traced),
     }
     unwatch_exit(proc, st);
 }
 
 /// Reaps the zombie leader once its group has been dealt with (rusage comes with it).
 fn release_leader(contain: &CallContainment, leader: &mut Option<LeaderExit>) {
-    if let Some(LeaderExit::Zombie(status)) = *leader {
-        *leader = Some(match contain.reap_leader() {
-            Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
-            // Reaped by someone else meanwhile: the status was already read.
-            // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
-            _ => LeaderExit::Status(status, unsafe { std::mem::zeroed() }),
-        });
+    match *leader {
+        Some(LeaderExit::Zombie(status)) => {
+            *leader = Some(match contain.reap_leader() {
+                Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
+                // Reaped by someone else meanwhile: the status was already read.
+                // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
+                _ => LeaderExit::Status(status, unsafe { std::mem::zeroed() }),
+            });
+        }
+        Some(LeaderExit::Traced) => {
+            *leader = Some(match contain.reap_leader() {
+                // The tracer let go (it was killed with the call): the real status.
+                Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
+                _ => LeaderExit::Unknown,
+            });
+        }
+        _ => {}
     }
 }
 
@@ -312,6 +328,18 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
                 // Unkillable (uninterruptible sleep): complete with what we have.
                 finish(proc, st, now);
             } else {
+                if sigkill_sent {
+                    // What the SIGKILL missed: processes that members not killed yet forked
+                    // after the pass listed them (outside the group, where no group signal
+                    // reaches; or a process `cgroup.kill` missed). Counted and killed too.
+                    let (left, alive) = st.contain.count_leftovers(proc.pid);
+                    st.leftover_killed = st
+                        .leftover_killed
+                        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+                    if alive {
+                        st.contain.signal(proc.pid, libc::SIGKILL);
+                    }
+                }
                 proc.shared
                     .add_timer(now + reap_poll(st), proc.token, false);
             }

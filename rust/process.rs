@@ -59,6 +59,9 @@ pub(crate) enum LeaderExit {
     /// Exited, status read with WNOWAIT: still an unreaped zombie holding its pgid.
     Zombie(libc::c_int),
     Status(libc::c_int, libc::rusage),
+    /// Exited (its pidfd says so), but a tracer holds its zombie: only the tracer can wait
+    /// for it until it lets go. The status is read at the reap, if it can be by then.
+    Traced,
     /// ECHILD: reaped by someone else.
     Unknown,
 }
@@ -322,7 +325,7 @@ impl Proc {
                 (None, Some(libc::WTERMSIG(status)), None)
             }
             Some(LeaderExit::Zombie(status)) => (Some(libc::WEXITSTATUS(status)), None, None),
-            Some(LeaderExit::Unknown) | None => (None, None, None),
+            Some(LeaderExit::Traced | LeaderExit::Unknown) | None => (None, None, None),
         };
         let (user_cpu, system_cpu, max_rss_kib) = usage
             .map_or((Duration::ZERO, Duration::ZERO, 0), |r| {

@@ -582,3 +582,94 @@ def test_session_containment_survives_a_lap_made_of_failed_forks(
     # The setsid sleep left the session: session containment does not follow it.
     kill_marked()
     assert wait_gone(token) == []
+
+
+# Found by attacking: `cgroup.procs` hands out a page of pids per read, and a short read was
+# taken for the end of the list: a call with more than ~680 processes had the rest neither
+# counted nor killed by pid, and a process `cgroup.kill` misses (its main thread exited)
+# listed after them outlived the call.
+MANY = "trap '' TERM; for i in $(seq 1000); do sleep 300 & done > /dev/null 2>&1"
+
+
+@needs_cgroup
+def test_every_member_of_a_big_call_is_counted_and_killed(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    ex = executor_in("auto", svc, tmp_path)
+    token = new_token()
+    command = f"{MANY}\n{orphaned_threads('sleeping', 'own group')}"
+    r = ex.run_sync(ex.resolve(request(token, command, timeout_ms=60_000)))
+    assert r.stdout.text == "started\n"
+    assert r.leftover_killed == 1001
+    assert wait_gone(token) == []
+
+
+# Found by attacking: under session containment the SIGKILL pass lists the session, then
+# signals each member outside the shell's group; what a member not killed yet forked after
+# the listing outlived the call (10-18 `sleep`s a call from a `set -m` job that keeps starting
+# them). Each poll of a call being reaped now kills again whatever is still there.
+FORKER = (
+    "set -m; ( trap '' TERM; for i in $(seq 300); do sleep 300 & done; "
+    "( trap '' TERM; while :; do sleep 300 & done ) & wait ) > /dev/null 2>&1 & "
+    "sleep 1; echo started"
+)
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_what_a_job_forks_during_the_kill_does_not_outlive_its_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str], containment: str
+) -> None:
+    ex = executor_in(containment, svc, tmp_path)
+    for _ in range(2):
+        token = new_token()
+        r = ex.run_sync(ex.resolve(request(token, FORKER, timeout_ms=60_000)))
+        assert r.stdout.text == "started\n"
+        assert r.leftover_killed >= 300
+        assert wait_gone(token, timeout=1.0) == []
+
+
+# Found by attacking: a job that traces the shell (`PTRACE_SEIZE`) holds its zombie, which the
+# harness can then not wait for: the pidfd said "exited" and waitid "running", so the
+# supervisor spun at 100 % CPU, the tracer ran on uncounted, and under session containment
+# (the tracer in a session of its own) the call ignored its timeout and dispose() waited for
+# the tracer. The exit is taken from the pidfd; the status is read once the tracer lets go.
+TRACER = f"""{PY} -c 'import ctypes, os, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+leader = int(sys.argv[1])
+if libc.ptrace(0x4206, leader, 0, 0x40) != 0:  # PTRACE_SEIZE, PTRACE_O_TRACEEXIT
+    sys.exit("seize failed")
+print("seized", flush=True)
+while True:  # pass the shell its signals until its exit event, then never wait again
+    _, status = os.waitpid(leader, 0x40000000)  # __WALL
+    if status >> 8 == signal.SIGTRAP | 6 << 8:  # PTRACE_EVENT_EXIT
+        libc.ptrace(7, leader, 0, 0)  # PTRACE_CONT
+        break
+    sig = os.WSTOPSIG(status)
+    libc.ptrace(7, leader, 0, 0 if sig == signal.SIGTRAP else sig)
+time.sleep(300)' $$"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+@pytest.mark.parametrize("tracer", ["in the call", "setsid"])
+def test_a_traced_shell_does_not_hold_its_call(
+    svc: SubprocessService, tmp_path: os.PathLike[str], containment: str, tracer: str
+) -> None:
+    ex = executor_in(containment, svc, tmp_path)
+    token = new_token()
+    prefix = "setsid " if tracer == "setsid" else ""
+    command = f"{prefix}{TRACER} > seized 2>&1 &\nuntil [ -s seized ]; do sleep 0.01; done; exit 5"
+    started = time.monotonic()
+    cpu = time.process_time()
+    r = ex.run_sync(ex.resolve(request(token, command, timeout_ms=10_000)))
+    assert time.monotonic() - started < 5, "the call waited for the tracer"
+    assert time.process_time() - cpu < 2, "the harness spun"
+    assert not r.timed_out
+    if tracer == "in the call" or containment == "auto":
+        # The tracer is the call's: killed and counted, and the shell's status then read.
+        assert r.leftover_killed == 1
+        assert (r.exit_code, r.exit_status_unknown) == (5, False)
+        assert wait_gone(token) == []
+    else:
+        # Session containment does not follow setsid: the tracer holds the zombie on.
+        assert r.exit_status_unknown
+    kill_marked()

@@ -172,3 +172,32 @@ def _escapees(script: str) -> list[int]:
                 if script.encode() in f.read():
                     found.append(int(name))
     return found
+
+
+# Found by attacking: a harness that ignores SIGCHLD has every child reaped by the kernel the
+# moment it exits. Once the leader was gone, a session-contained call did nothing by number,
+# so a job left in the shell's own group was killed (through the pidfd) but not counted. The
+# group itself, asked through the pidfd, still has members: its number cannot have changed
+# hands, and the session is scanned as before.
+SIGCHLD_IGNORED = r"""
+import signal, sys
+from shellseam import LocalShellExecutor, ShellExecRequest, SubprocessService
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+svc = SubprocessService()
+ex = LocalShellExecutor(service=svc, grace_ms=200, containment="session")
+r = ex.run_sync(ex.resolve(ShellExecRequest(command=sys.argv[1])))
+print(r.exit_status_unknown, r.leftover_killed, flush=True)
+svc.dispose()
+"""
+
+
+def test_a_harness_ignoring_sigchld_still_counts_what_the_group_left() -> None:
+    command = "sleep 100 > /dev/null 2>&1 & echo started"
+    out = subprocess.run(
+        [sys.executable, "-c", SIGCHLD_IGNORED, command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == "True 1\n"

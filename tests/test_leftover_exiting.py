@@ -69,3 +69,38 @@ def test_a_big_threaded_job_exiting_on_its_own_is_never_counted(
     for _ in range(3):
         result = run(executor, command)
         assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)
+
+
+# Found by attacking: a worker thread calls `exit_group` while the main thread is deep in the
+# kernel (a long `munmap`): the main thread shows neither a zombie's state nor `PF_EXITING`
+# until it returns, only the SIGKILL `exit_group` queued on it. It was counted (10 of 10).
+MUNMAP_JOB = """
+import ctypes, mmap, os, sys, threading
+block = mmap.mmap(-1, 3 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000)  # POPULATE
+address = ctypes.addressof(ctypes.c_char.from_buffer(block))
+def worker():
+    with open(sys.argv[1], "w") as fifo:
+        fifo.write("x")
+    os._exit(0)
+threading.Thread(target=worker).start()
+ctypes.CDLL(None).munmap(ctypes.c_void_p(address), ctypes.c_size_t(3 << 30))
+"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_job_whose_main_thread_is_in_the_kernel_as_it_exits_is_not_counted(
+    service: SubprocessService, tmp_path: Path, containment: str
+) -> None:
+    executor = LocalShellExecutor(
+        grace_ms=2_000,
+        service=service,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    job = tmp_path / "job.py"
+    job.write_text(MUNMAP_JOB)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    command = f"{sys.executable} {job} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
+    for _ in range(3):
+        result = run(executor, command)
+        assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)

@@ -453,7 +453,7 @@ mod tests {
             )
         };
         let child = spawn(&plan).expect("spawn");
-        while crate::kill::liveness(child.pid).is_some() {
+        while crate::kill::not_dead(child.pid) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(cg.pids_charged(), Some(1), "a zombie stays charged");
