@@ -337,17 +337,14 @@ impl CallContainment {
             }
             None => {
                 // The whole session: its group, and members that left the group.
-                let Some((members, outside)) = self.scan_session(pgid) else {
+                let Some((members, list)) = self.scan_session(pgid) else {
                     // Its number may be anybody's: the group alone, through the pidfd.
                     return (0, self.signal_group(pgid, 0));
                 };
-                let outside_live = outside.iter().filter(|(_, live)| *live).count();
-                let mut new = members.live - outside_live;
-                for (pid, live) in outside {
-                    if live && self.counted.insert(pid) {
-                        new += 1;
-                    }
-                }
+                let new = list
+                    .into_iter()
+                    .filter(|m| m.live && self.counted.insert(m.pid))
+                    .count();
                 (new, !members.gone())
             }
         }
@@ -373,7 +370,7 @@ impl CallContainment {
     fn scan_session(
         &self,
         sid: libc::pid_t,
-    ) -> Option<(crate::kill::Members, Vec<(libc::pid_t, bool)>)> {
+    ) -> Option<(crate::kill::Members, Vec<crate::kill::Member>)> {
         if !self.held() {
             return None;
         }

@@ -106,22 +106,18 @@ impl Duties {
 
     /// The harness is gone: kill, wait briefly, remove.
     pub fn clean_up(&self) {
-        for cg in &self.cgroups {
-            let _ = fs::write(cg.join("cgroup.kill"), "1");
-            // What `cgroup.kill` misses (a process whose main thread exited), by pid.
-            if let Some(name) = cg.file_name() {
-                let tail = format!("/{}", name.to_string_lossy());
-                crate::contain::kill_members_by_pid(&procs_below(cg), &tail);
-            }
-        }
         // SAFETY: getpgrp has no preconditions.
         let own = unsafe { libc::getpgrp() };
         let groups = self.all_groups();
         let deadline = Instant::now() + EMPTY_WAIT;
-        // Again while a pass reached anybody: a member not killed yet may have forked after
-        // the pass listed the session.
+        // Again while a pass left anybody running: a process not killed yet (one that
+        // `cgroup.kill` misses, a session member outside the group) may have forked after
+        // the pass listed it.
         loop {
             let mut reached = false;
+            for cg in &self.cgroups {
+                reached |= kill_cgroup(cg);
+            }
             for (&pgid, &ino) in &groups {
                 if pgid > 1 && pgid != own {
                     reached |= kill_session(pgid, ino);
@@ -144,6 +140,20 @@ impl Duties {
             let _ = fs::remove_dir_all(tree);
         }
     }
+}
+
+/// Kills every process of call cgroup `cg` (and below): `cgroup.kill`, then by pid what it
+/// misses (a process whose main thread exited). Whether a process still runs afterwards.
+fn kill_cgroup(cg: &Path) -> bool {
+    let _ = fs::write(cg.join("cgroup.kill"), "1");
+    let Some(name) = cg.file_name() else {
+        return false;
+    };
+    let tail = format!("/{}", name.to_string_lossy());
+    crate::contain::kill_members_by_pid(&procs_below(cg), &tail);
+    procs_below(cg)
+        .into_iter()
+        .any(|pid| crate::kill::liveness(pid) == Some(true))
 }
 
 /// Kills what is left of a session-contained call whose leader had pidfs inode `ino`.

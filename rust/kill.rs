@@ -78,9 +78,19 @@ impl Members {
     }
 }
 
-/// The members of a session that are not yet zombies, by scanning /proc: how many, and the
-/// pids of those outside the leader's group (`set -m` jobs, `setpgid(0, 0)`), which a signal
-/// to the group misses, each with whether it is live (not exiting). Zombies are not counted:
+/// One member of a session, from `session_members`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub pid: libc::pid_t,
+    /// Not exiting (see `Stat::live`).
+    pub live: bool,
+    /// Outside the leader's group (`set -m` jobs, `setpgid(0, 0)`): a group signal misses it.
+    pub outside: bool,
+}
+
+/// The members of a session that are not yet zombies, by scanning /proc: how many, and each
+/// of them (a caller counting leftovers counts a pid once, whichever group it is in when
+/// seen: a job can move into the leader's group). Zombies are not counted:
 /// they are already dead and only wait for their parent. A session keeps its id while its
 /// leader is unreaped, so `sid` names the call's session as long as the caller holds the
 /// leader.
@@ -94,14 +104,14 @@ impl Members {
 /// is not sound: a command can make the allocator come round (a loop of short-lived threads;
 /// or, leaving no trace in any counter, forks that fail in a pid namespace whose init died,
 /// which take a number and give it back) and stop it just past its leader.
-pub fn session_members(sid: libc::pid_t) -> (Members, Vec<(libc::pid_t, bool)>) {
+pub fn session_members(sid: libc::pid_t) -> (Members, Vec<Member>) {
     let mut members = Members::default();
-    let mut outside = Vec::new();
+    let mut list = Vec::new();
     if sid <= 1 || only_a_dead_leader(sid) {
-        return (members, outside);
+        return (members, list);
     }
     let Ok(entries) = fs::read_dir("/proc") else {
-        return (members, outside);
+        return (members, list);
     };
     for pid in entries
         .flatten()
@@ -120,11 +130,13 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<(libc::pid_t, bool)>) 
         } else {
             members.exiting += 1;
         }
-        if s.pgrp != sid {
-            outside.push((pid, live));
-        }
+        list.push(Member {
+            pid,
+            live,
+            outside: s.pgrp != sid,
+        });
     }
-    (members, outside)
+    (members, list)
 }
 
 /// Sends `sig` to the members of session `sid` outside its leader's group, live or already
@@ -138,9 +150,10 @@ pub fn signal_outside_group(
     held: impl Fn() -> bool,
 ) -> Vec<libc::pid_t> {
     let mut reached = Vec::new();
-    for (pid, live) in session_members(sid).1 {
+    for m in session_members(sid).1.into_iter().filter(|m| m.outside) {
+        let pid = m.pid;
         let member = || stat_of(pid).is_some_and(|s| s.session == sid && !s.dead()) && held();
-        if signal_if(pid, sig, member) && live {
+        if signal_if(pid, sig, member) && m.live {
             reached.push(pid);
         }
     }
@@ -303,13 +316,14 @@ impl Stat {
     /// shows neither state nor flag until it returns). The flags are the main thread's: when
     /// it is exiting or exited (a zombie with other threads), the process lives on in any
     /// other thread that is not exiting too (see `another_thread_runs`).
+    ///
+    /// A SIGKILL pending on the main thread alone does not settle it: `execve` in another
+    /// thread queues one on every thread but itself, and the process runs on as the new
+    /// program (found by attacking: such a job went uncounted).
     pub fn live(&self, pid: libc::pid_t) -> bool {
-        if self.flags & PF_EXITING == 0 {
-            return !sigkill_pending(
-                &read_proc(&format!("/proc/{pid}/status")).unwrap_or_default(),
-            );
-        }
-        self.threads > 1 && another_thread_runs(pid)
+        let status = || read_proc(&format!("/proc/{pid}/status")).unwrap_or_default();
+        let main_runs = self.flags & PF_EXITING == 0 && !sigkill_pending(&status());
+        main_runs || (self.threads > 1 && another_thread_runs(pid))
     }
 }
 

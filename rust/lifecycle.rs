@@ -248,12 +248,7 @@ pub(crate) fn settle_exited(proc: &Proc, st: &mut ProcState) {
 /// The leader is gone and the drain ended: terminate whatever is left of the call.
 fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
     close_stdin(proc, st);
-    let (left, alive) = st.contain.count_leftovers(proc.pid);
-    st.leftover_killed = st
-        .leftover_killed
-        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
-    if alive {
-        st.contain.signal(proc.pid, libc::SIGTERM);
+    if count_and_signal(proc, st, libc::SIGTERM) {
         st.phase = Phase::Reaping {
             sigkill_sent: false,
         };
@@ -264,6 +259,19 @@ fn begin_reap(proc: &Proc, st: &mut ProcState, now: Instant) {
         return;
     }
     finish(proc, st, now);
+}
+
+/// Counts the call's leftovers not counted yet and, if anything of it is alive, sends it
+/// `sig`; whether anything was.
+fn count_and_signal(proc: &Proc, st: &mut ProcState, sig: libc::c_int) -> bool {
+    let (left, alive) = st.contain.count_leftovers(proc.pid);
+    st.leftover_killed = st
+        .leftover_killed
+        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+    if alive {
+        st.contain.signal(proc.pid, sig);
+    }
+    alive
 }
 
 /// The call's cgroup changed (`populated`): finish a reaping call that emptied.
@@ -332,13 +340,7 @@ pub(crate) fn on_timer(proc: &Proc, st: &mut ProcState, now: Instant) {
                     // What the SIGKILL missed: processes that members not killed yet forked
                     // after the pass listed them (outside the group, where no group signal
                     // reaches; or a process `cgroup.kill` missed). Counted and killed too.
-                    let (left, alive) = st.contain.count_leftovers(proc.pid);
-                    st.leftover_killed = st
-                        .leftover_killed
-                        .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
-                    if alive {
-                        st.contain.signal(proc.pid, libc::SIGKILL);
-                    }
+                    count_and_signal(proc, st, libc::SIGKILL);
                 }
                 proc.shared
                     .add_timer(now + reap_poll(st), proc.token, false);

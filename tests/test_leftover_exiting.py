@@ -52,25 +52,6 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("containment", ["auto", "session"])
-def test_a_big_threaded_job_exiting_on_its_own_is_never_counted(
-    service: SubprocessService, tmp_path: Path, containment: str
-) -> None:
-    executor = LocalShellExecutor(
-        grace_ms=2_000,
-        service=service,
-        containment=containment,  # type: ignore[arg-type]
-    )
-    job = tmp_path / "job.py"
-    job.write_text(BIG_JOB)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    command = f"{sys.executable} {job} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
-    for _ in range(3):
-        result = run(executor, command)
-        assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)
-
-
 # Found by attacking: a worker thread calls `exit_group` while the main thread is deep in the
 # kernel (a long `munmap`): the main thread shows neither a zombie's state nor `PF_EXITING`
 # until it returns, only the SIGKILL `exit_group` queued on it. It was counted (10 of 10).
@@ -88,19 +69,56 @@ ctypes.CDLL(None).munmap(ctypes.c_void_p(address), ctypes.c_size_t(3 << 30))
 
 
 @pytest.mark.parametrize("containment", ["auto", "session"])
-def test_a_job_whose_main_thread_is_in_the_kernel_as_it_exits_is_not_counted(
-    service: SubprocessService, tmp_path: Path, containment: str
+@pytest.mark.parametrize("job", ["threads tearing down 2 GiB", "main thread in munmap"])
+def test_a_job_in_exit_group_is_never_counted(
+    service: SubprocessService, tmp_path: Path, containment: str, job: str
 ) -> None:
     executor = LocalShellExecutor(
         grace_ms=2_000,
         service=service,
         containment=containment,  # type: ignore[arg-type]
     )
-    job = tmp_path / "job.py"
-    job.write_text(MUNMAP_JOB)
+    script = tmp_path / "job.py"
+    script.write_text(BIG_JOB if job.startswith("threads") else MUNMAP_JOB)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    command = f"{sys.executable} {job} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
+    command = f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
     for _ in range(3):
         result = run(executor, command)
         assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)
+
+
+# Found by attacking: `execve` in a worker thread queues a SIGKILL on every other thread, the
+# main thread too, busy here in a long `munmap`; the process then runs on as the new program.
+# Taken for exiting by its main thread's pending SIGKILL, it was never counted.
+EXEC_JOB = """
+import ctypes, mmap, os, sys, threading, time
+block = mmap.mmap(-1, 3 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x8000)  # POPULATE
+address = ctypes.addressof(ctypes.c_char.from_buffer(block))
+def exec_sleep():
+    time.sleep(0.05)  # the main thread is in munmap by now
+    with open(sys.argv[1], "w") as fifo:
+        fifo.write("x")
+    os.execv("/bin/sleep", ["sleep", "300"])
+threading.Thread(target=exec_sleep).start()
+ctypes.CDLL(None).munmap(ctypes.c_void_p(address), ctypes.c_size_t(3 << 30))
+"""
+
+
+@pytest.mark.parametrize("containment", ["auto", "session"])
+def test_a_job_that_execs_from_a_thread_is_counted(
+    service: SubprocessService, tmp_path: Path, containment: str
+) -> None:
+    executor = LocalShellExecutor(
+        grace_ms=200,
+        service=service,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    script = tmp_path / "job.py"
+    script.write_text(EXEC_JOB)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    command = f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
+    for _ in range(3):
+        result = run(executor, command)
+        assert (result.stdout.text, result.leftover_killed) == ("done\n", 1)
