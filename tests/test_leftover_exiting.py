@@ -82,7 +82,12 @@ def test_a_job_in_exit_group_is_never_counted(
     script.write_text(BIG_JOB if job.startswith("threads") else MUNMAP_JOB)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    command = f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
+    # The job writes, then exits: a moment for its exit to begin (the teardown it then does
+    # takes far longer), else under load the count could rightly find it still running.
+    command = (
+        f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; sleep 0.05; "
+        "echo done"
+    )
     for _ in range(3):
         result = run(executor, command)
         assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)
