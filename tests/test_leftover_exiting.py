@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from containment_helpers import new_cgroup_dirs, own_cgroup_dirs
 
 from conftest import run
 from shellseam import LocalShellExecutor, SubprocessService
@@ -88,9 +89,14 @@ def test_a_job_in_exit_group_is_never_counted(
         f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; sleep 0.05; "
         "echo done"
     )
+    before = own_cgroup_dirs()
     for _ in range(3):
         result = run(executor, command)
         assert (result.stdout.text, result.leftover_killed) == ("done\n", 0)
+    # A job still exiting as its call settles keeps its cgroup busy a moment: dispose() waits
+    # for it (it left the cgroup directories behind when the machine was loaded).
+    service.dispose()
+    assert new_cgroup_dirs(before) == []
 
 
 # Found by attacking: `execve` in a worker thread queues a SIGKILL on every other thread, the

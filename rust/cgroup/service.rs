@@ -300,8 +300,13 @@ impl ServiceCgroups {
         remove(cg);
     }
 
-    /// Removes every idle cgroup and the parents (call after every call has settled).
+    /// Removes every idle cgroup and the parents (call after every call has settled). A
+    /// call can settle with a member still exiting (a large address space takes seconds to
+    /// free on a loaded machine), whose cgroup rmdir refuses until it is gone: waited for up
+    /// to `EXIT_WAIT`, else the directories stay (an empty one is swept by the next service
+    /// started on the machine once this harness is gone).
     pub fn remove_all(&self) {
+        const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
         let mut idle: Vec<CallCgroup> = std::mem::take(&mut *lock(&self.pool));
         if let Home::Idle(cg) = std::mem::replace(&mut *lock(&self.home), Home::None) {
             idle.push(*cg);
@@ -309,8 +314,16 @@ impl ServiceCgroups {
         for cg in idle {
             remove(cg);
         }
-        for parent in self.parents() {
-            remove_tree(&parent);
+        let deadline = std::time::Instant::now() + EXIT_WAIT;
+        loop {
+            let parents = self.parents();
+            for parent in &parents {
+                remove_tree(parent);
+            }
+            if parents.iter().all(|p| !p.exists()) || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 }
