@@ -7,16 +7,24 @@
 //! one byte budget (`max_spill_total_bytes`): once it is spent, further spill writes stop
 //! and the streams report `spill_truncated`.
 //!
-//! A large spill bypasses the page cache (`O_DIRECT`) past its first `DIRECT_FROM` bytes,
-//! where the file system takes it and the device keeps up. A spill file is written once and
-//! rarely read again, mostly in part. Buffered, every byte of it was a new page-cache page,
-//! allocated and copied into on the supervisor thread, which drains every call: on this
-//! project's VM 64 MiB took 150-220 ms that way against 30-80 ms uncached, and the pages
-//! evicted ones the machine was using. Uncached writes go out in aligned 1 MiB batches from
-//! one buffer per file; the last partial block is written padded and the file cut back to
-//! its length. A file system without `O_DIRECT`, a rejected write, or a device slower than
-//! `SLOW_DEVICE_NS_PER_MIB` batch after batch turns the service's files buffered from then
-//! on (on a slow disk the page cache absorbs a burst the device could not).
+//! A large spill stays out of the page cache past its first `DIRECT_FROM` bytes. A spill
+//! file is written once and rarely read again, mostly in part. Plainly buffered, every byte
+//! of it stays a page-cache page, evicting pages the machine was using; on this project's VM
+//! 64 MiB took 17 ms that way at first, then ~100 ms a file once the host's reclaim set in
+//! (150-220 ms under load). Two ways out, in order:
+//! - **Drop-behind** (`pwritev2(RWF_DONTCACHE)`, Linux 6.14, where the file system takes
+//!   it): buffered writes whose pages leave the cache once written back. 64 MiB cost the
+//!   writer ~25 ms of CPU here, steadily, and nothing waits for the device.
+//! - **Uncached** (`O_DIRECT`), where drop-behind is refused: the writer waits for the
+//!   device (64 MiB: 110-130 ms here, 7 ms of CPU). Writes go out in aligned 1 MiB batches
+//!   from one buffer per file; the last partial block is written padded and the file cut
+//!   back to its length. A file system without `O_DIRECT`, a rejected write, or a device
+//!   slower than `SLOW_DEVICE_NS_PER_MIB` batch after batch turns the service's files
+//!   buffered from then on (on a slow disk the page cache absorbs a burst the device could
+//!   not).
+//!
+//! The supervisor thread, which drains every call, is the writer: a drain that waits for a
+//! device stalls its producer, which is why drop-behind comes first.
 
 use std::ffi::CString;
 use std::fs::{self, DirBuilder, File};
@@ -29,6 +37,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+use crate::sys;
 
 /// Spill bytes are gathered into batches before one file write: this size while buffered
 /// (what a slowly spilling stream holds in memory), the larger one once uncached (fewer,
@@ -85,20 +95,24 @@ impl SpillBudget {
     }
 }
 
-/// Whether a service's spill files are written uncached (shared by its files: once a file
-/// finds `O_DIRECT` unsupported or the device slow, later files start buffered).
+/// Whether a service's large spill files may keep out of the page cache, and how (shared
+/// by its files: once a file finds drop-behind refused, or `O_DIRECT` unsupported or the
+/// device slow, later files do not try it again).
 #[derive(Debug)]
 pub struct DirectWrites {
     allowed: AtomicBool,
+    drop_behind: AtomicBool,
 }
 
 impl DirectWrites {
     pub fn new(allowed: bool) -> Self {
         Self {
             allowed: AtomicBool::new(allowed),
+            drop_behind: AtomicBool::new(allowed),
         }
     }
 
+    /// `O_DIRECT` may still be tried.
     pub fn allowed(&self) -> bool {
         self.allowed.load(Ordering::Relaxed)
     }
@@ -106,15 +120,36 @@ impl DirectWrites {
     fn give_up(&self) {
         self.allowed.store(false, Ordering::Relaxed);
     }
+
+    fn drop_behind(&self) -> bool {
+        self.drop_behind.load(Ordering::Relaxed)
+    }
+
+    fn give_up_drop_behind(&self) {
+        self.drop_behind.store(false, Ordering::Relaxed);
+    }
 }
 
-/// Appends bytes to a new file in batches; past `DIRECT_FROM` bytes, uncached where possible
-/// (see the module's doc). The file holds every appended byte once `complete` returned Ok.
+/// How a spill file's batches are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    /// Into the page cache, where they stay.
+    Kept,
+    /// Into the page cache, dropped once written back (`RWF_DONTCACHE`).
+    DropBehind,
+    /// Straight to the device (`O_DIRECT` is set on the file).
+    Direct,
+}
+
+/// Appends bytes to a new file in batches; past `DIRECT_FROM` bytes, out of the page cache
+/// where possible (see the module's doc). The file holds every appended byte once
+/// `complete` returned Ok.
 #[derive(Debug)]
 pub struct SpillWriter {
     file: File,
-    /// `O_DIRECT` is set on `file`.
-    direct: bool,
+    cache: Cache,
+    /// Drop-behind may be tried before `O_DIRECT` (tests of the `O_DIRECT` path clear it).
+    try_drop_behind: bool,
     device: Arc<DirectWrites>,
     /// `buf[start..]` is the batch: bytes from file offset `base` on. Allocated with room
     /// for `start` (the distance to an aligned address) plus one batch, and never grown, so
@@ -131,12 +166,14 @@ pub struct SpillWriter {
 }
 
 impl SpillWriter {
-    /// A writer for `file` (opened for writing, empty, without `O_APPEND`); it goes uncached
-    /// past `DIRECT_FROM` bytes if `device` allows and the file system takes `O_DIRECT`.
+    /// A writer for `file` (opened for writing, empty, without `O_APPEND`); past
+    /// `DIRECT_FROM` bytes it drops its pages behind it, or else goes uncached, as `device`
+    /// allows and the kernel and file system take it.
     pub fn new(file: File, device: Arc<DirectWrites>) -> Self {
         Self {
             file,
-            direct: false,
+            cache: Cache::Kept,
+            try_drop_behind: true,
             device,
             buf: Vec::new(),
             start: 0,
@@ -148,9 +185,14 @@ impl SpillWriter {
         }
     }
 
-    /// True while writes bypass the page cache.
+    /// True while writes bypass the page cache (`O_DIRECT`).
     pub fn is_direct(&self) -> bool {
-        self.direct
+        self.cache == Cache::Direct
+    }
+
+    /// True while the file's pages do not stay in the page cache (drop-behind or direct).
+    pub fn is_uncached(&self) -> bool {
+        self.cache != Cache::Kept
     }
 
     fn pending(&self) -> usize {
@@ -196,14 +238,15 @@ impl SpillWriter {
 
     /// Writes the batch (`all`: every byte of it, else a full batch).
     ///
-    /// Buffered, a full batch is written up to an aligned file offset, so that uncached
-    /// writes can take over from there (once the file is `direct_from` long). Uncached, only
-    /// whole blocks are written unless `all`: then the last partial block goes out padded
-    /// with zeros, the file is cut back to its length, and the partial block stays in the
-    /// batch (the next write rewrites it, longer). What is not written moves to the front.
+    /// Through the page cache, a full batch is written up to an aligned file offset, so
+    /// that uncached writes can take over from there (once the file is `direct_from` long).
+    /// Uncached, only whole blocks are written unless `all`: then the last partial block
+    /// goes out padded with zeros, the file is cut back to its length, and the partial block
+    /// stays in the batch (the next write rewrites it, longer). What is not written moves to
+    /// the front.
     fn write_out(&mut self, all: bool) -> io::Result<()> {
         let len = self.pending();
-        if !self.direct {
+        if self.cache != Cache::Direct {
             let end = self.base + len as u64;
             let keep = if all {
                 0
@@ -211,12 +254,27 @@ impl SpillWriter {
                 (end % DIRECT_ALIGN as u64) as usize
             };
             let (from, to) = (self.start, self.start + len - keep);
-            self.file.write_all_at(&self.buf[from..to], self.base)?;
+            if self.cache == Cache::DropBehind {
+                let wrote = sys::write_all_dropbehind(&self.file, &self.buf[from..to], self.base);
+                if let Err(err) = wrote {
+                    if !matches!(err.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL)) {
+                        return Err(err);
+                    }
+                    // Refused (before any byte, or after some: rewriting them at the same
+                    // offsets is harmless): kept in the cache for this batch, and the file
+                    // tries `O_DIRECT` at the next.
+                    self.device.give_up_drop_behind();
+                    self.cache = Cache::Kept;
+                    return self.write_out(all);
+                }
+            } else {
+                self.file.write_all_at(&self.buf[from..to], self.base)?;
+            }
             self.base += (len - keep) as u64;
             self.buf.copy_within(to.., from);
             self.buf.truncate(from + keep);
-            if !all && self.base >= self.direct_from {
-                self.try_direct();
+            if !all && self.cache == Cache::Kept && self.base >= self.direct_from {
+                self.go_uncached();
             }
             return Ok(());
         }
@@ -271,27 +329,32 @@ impl SpillWriter {
         Ok(())
     }
 
-    /// Sets `O_DIRECT` if the service still allows it and the batch starts on a block; a
-    /// file system that refuses it makes the service's files buffered from then on.
-    fn try_direct(&mut self) {
-        if !self.device.allowed() || self.base % DIRECT_ALIGN as u64 != 0 {
+    /// Drops the file's pages behind it from now on if the service still may; else sets
+    /// `O_DIRECT` if the service still allows it and the batch starts on a block (a file
+    /// system that refuses it makes the service's files buffered from then on).
+    fn go_uncached(&mut self) {
+        if self.try_drop_behind && self.device.drop_behind() {
+            self.cache = Cache::DropBehind;
+        } else if !self.device.allowed() || self.base % DIRECT_ALIGN as u64 != 0 {
             return;
-        }
-        match set_direct(&self.file, true) {
-            Ok(()) => {
-                self.direct = true;
-                if self.batch != DIRECT_BATCH_BYTES {
-                    self.new_batch(DIRECT_BATCH_BYTES);
+        } else {
+            match set_direct(&self.file, true) {
+                Ok(()) => self.cache = Cache::Direct,
+                Err(_) => {
+                    self.device.give_up();
+                    return;
                 }
             }
-            Err(_) => self.device.give_up(),
+        }
+        if self.batch != DIRECT_BATCH_BYTES {
+            self.new_batch(DIRECT_BATCH_BYTES);
         }
     }
 
     fn go_buffered(&mut self) -> io::Result<()> {
         self.device.give_up();
         set_direct(&self.file, false)?;
-        self.direct = false;
+        self.cache = Cache::Kept;
         Ok(())
     }
 }
@@ -549,6 +612,7 @@ mod tests {
     fn write_and_check(direct: bool, direct_from: u64, plan: &[(usize, bool)]) {
         let (path, file) = scratch_file("plan");
         let mut writer = SpillWriter::new(file, Arc::new(DirectWrites::new(direct)));
+        writer.try_drop_behind = false;
         writer.direct_from = direct_from;
         writer.slow_ns_per_mib = u128::MAX; // a busy test machine must not turn it buffered
         let mut stream = Vec::new();
@@ -608,6 +672,7 @@ mod tests {
         let (path, file) = scratch_file("switch");
         let device = Arc::new(DirectWrites::new(true));
         let mut writer = SpillWriter::new(file, Arc::clone(&device));
+        writer.try_drop_behind = false;
         writer.direct_from = 0;
         writer.slow_ns_per_mib = u128::MAX;
         let mut want = vec![b'a'; DIRECT_BATCH_BYTES + 5000];
@@ -636,6 +701,7 @@ mod tests {
         let (path, file) = scratch_file("slow");
         let device = Arc::new(DirectWrites::new(true));
         let mut writer = SpillWriter::new(file, Arc::clone(&device));
+        writer.try_drop_behind = false;
         writer.direct_from = 0;
         writer.slow_ns_per_mib = 0; // every write counts as slow
                                     // The first buffered batch, then SLOW_BATCHES - 1 uncached ones: still uncached.
@@ -659,27 +725,114 @@ mod tests {
         fs::remove_file(&path).unwrap();
     }
 
-    #[test]
-    fn a_large_spill_file_goes_uncached_past_its_first_mebibytes() {
-        let mut dir = SpillDir::new(std::env::temp_dir());
+    /// Appends `DIRECT_FROM` and two more MiB of batches to a new spill file under
+    /// `parent`, then `end\n`: the writer keeps the first bytes cached and goes uncached
+    /// right past them, and the file holds every byte. Returns whether it went `O_DIRECT`.
+    fn spill_a_large_file(parent: &Path, try_drop_behind: bool) -> bool {
+        let mut dir = SpillDir::new(parent.to_path_buf());
         let (mut spill, path) = dir.create_file("stdout").unwrap();
         spill.writer.slow_ns_per_mib = u128::MAX;
+        spill.writer.try_drop_behind = try_drop_behind;
         let mut want = Vec::new();
         for i in 0..(DIRECT_FROM as usize / DIRECT_BATCH_BYTES + 2) {
             assert_eq!(
-                spill.writer.is_direct(),
+                spill.writer.is_uncached(),
                 i >= DIRECT_FROM as usize / DIRECT_BATCH_BYTES
             );
             let batch = vec![b'0' + i as u8; DIRECT_BATCH_BYTES];
             spill.append(&batch).unwrap();
             want.extend_from_slice(&batch);
         }
-        assert!(spill.writer.is_direct() && o_direct_set(&spill.writer));
+        assert!(spill.writer.is_uncached());
+        assert_eq!(o_direct_set(&spill.writer), spill.writer.is_direct());
         spill.append(b"end\n").unwrap();
         spill.complete().unwrap();
         want.extend_from_slice(b"end\n");
         assert!(fs::read(&path).unwrap() == want);
+        let direct = spill.writer.is_direct();
+        drop(spill);
         dir.remove().unwrap();
+        direct
+    }
+
+    /// Pages of `path` in the page cache (`mincore` over a mapping of it).
+    fn cached_pages(path: &Path) -> usize {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path).unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        let page = 4096;
+        let mut resident = vec![0u8; len.div_ceil(page)];
+        // SAFETY: a fresh read-only shared mapping of `len` bytes of an open file, queried
+        // with a vector of one byte per page and unmapped before returning.
+        unsafe {
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(addr, libc::MAP_FAILED);
+            assert_eq!(libc::mincore(addr, len, resident.as_mut_ptr()), 0);
+            libc::munmap(addr, len);
+        }
+        resident.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn a_large_spill_file_goes_uncached_past_its_first_mebibytes() {
+        // Drop-behind where the kernel and file system take it (else `O_DIRECT`)...
+        spill_a_large_file(&std::env::temp_dir(), true);
+        // ... and `O_DIRECT` where drop-behind is not tried.
+        assert!(spill_a_large_file(&std::env::temp_dir(), false));
+    }
+
+    #[test]
+    fn a_file_system_refusing_drop_behind_gets_direct_writes() {
+        // tmpfs takes `O_DIRECT` but not `RWF_DONTCACHE`.
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return;
+        }
+        assert!(
+            spill_a_large_file(shm, true),
+            "refused drop-behind falls back to O_DIRECT"
+        );
+    }
+
+    #[test]
+    fn dropped_behind_pages_leave_the_page_cache() {
+        let (path, file) = scratch_file("dropbehind");
+        let device = Arc::new(DirectWrites::new(true));
+        let mut writer = SpillWriter::new(file, Arc::clone(&device));
+        writer.direct_from = 0;
+        let batch = vec![b'd'; DIRECT_BATCH_BYTES];
+        for _ in 0..9 {
+            writer.append(&batch).unwrap();
+        }
+        writer.complete().unwrap();
+        if writer.cache != Cache::DropBehind {
+            // A kernel before 6.14 or a file system without it: O_DIRECT took over.
+            assert!(writer.is_direct() && !device.drop_behind());
+            fs::remove_file(&path).unwrap();
+            return;
+        }
+        writer.file.sync_all().unwrap();
+        // Written back, the file's pages leave the cache (the first, plainly buffered
+        // batch of `BUFFERED_BATCH_BYTES` may stay).
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mut cached = cached_pages(&path);
+        while cached > BUFFERED_BATCH_BYTES / 4096 && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            cached = cached_pages(&path);
+        }
+        assert!(
+            cached <= BUFFERED_BATCH_BYTES / 4096,
+            "{cached} pages still cached"
+        );
+        assert_eq!(fs::read(&path).unwrap().len(), 9 * DIRECT_BATCH_BYTES);
+        fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The parent-side syscalls of the supervisor, on `nix`: epoll, eventfd, poll, signal
 //! masks, waitpid. Only `waitid(P_PIDFD)` stays raw here: nix has no call that returns the
-//! rusage of one reaped child; and `getrandom`, whose glibc wrapper the wheel must not import. (The
-//! code between clone and exec lives in `spawn.rs` and stays raw.)
+//! rusage of one reaped child; `getrandom`, whose glibc wrapper the wheel must not import;
+//! and `pwritev2`, which nix lacks. (The code between clone and exec lives in `spawn.rs` and
+//! stays raw.)
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
@@ -42,6 +43,42 @@ pub(crate) fn fill_random(buf: &mut [u8]) -> std::io::Result<()> {
             return Err(err);
         }
         filled += n as usize;
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` at `offset` of `file` with `RWF_DONTCACHE` (Linux 6.14): buffered,
+/// but each page leaves the page cache once written back. nix has no `pwritev2`. Fails
+/// with `EOPNOTSUPP` before writing anything where the kernel or the file system does not
+/// take the flag.
+pub(crate) fn write_all_dropbehind(
+    file: &impl AsFd,
+    mut buf: &[u8],
+    mut offset: u64,
+) -> std::io::Result<()> {
+    let fd = file.as_fd().as_raw_fd();
+    while !buf.is_empty() {
+        let iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        let Ok(at) = libc::off_t::try_from(offset) else {
+            return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
+        };
+        // SAFETY: one iovec naming `buf`, which outlives the call; the kernel only reads it.
+        let n = unsafe { libc::pwritev2(fd, &iov, 1, at, libc::RWF_DONTCACHE) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n as usize..];
+        offset += n as u64;
     }
     Ok(())
 }
