@@ -497,7 +497,7 @@ def containment_facts() -> ContainmentFacts: ...
 def _keeper_main(fd: int) -> int: ...
 def bench_minimal_reader(
     argv: list[str],
-    buf_bytes: int = 1048576,
+    buf_bytes: int = 131072,
     tail_bytes: int = 65536,
     spill_path: str | PathLike[str] | None = None,
     spill_bytes: int = 67108864,

@@ -20,7 +20,7 @@ use crate::spill::{DirectWrites, SpillWriter};
 /// `spill_path`, the first `spill_bytes` also written to that new file) and returns the
 /// wall time in seconds, spawn to reap. A benchmark diagnostic (GIL released).
 #[pyfunction]
-#[pyo3(signature = (argv, buf_bytes = 1048576, tail_bytes = 65536, spill_path = None, spill_bytes = 67108864))]
+#[pyo3(signature = (argv, buf_bytes = 131072, tail_bytes = 65536, spill_path = None, spill_bytes = 67108864))]
 pub fn bench_minimal_reader(
     py: Python<'_>,
     argv: Vec<String>,

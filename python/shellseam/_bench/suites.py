@@ -233,7 +233,7 @@ def bench_big_output(h: Harness, cfg: Config) -> list[Row]:
                 "shellseam": timed(lambda: checked(h.local.run_sync(spec), size)),
                 "pipeline": timed(lambda: spawn_wait(BASH, pipeline, h.env)),
                 "small-spill": timed(lambda: checked(small_spill.run_sync(small_spill_spec), size)),
-                # The floor of any drain to userspace: epoll, non-blocking 1 MiB reads, the
+                # The floor of any drain to userspace: epoll, non-blocking 128 KiB reads, the
                 # last 64 KB kept in a ring, no supervisor (native, benchmark only).
                 "floor": timed(lambda: shellseam._core.bench_minimal_reader(command.split())),
                 "floor-spill": timed(floor_with_spill),
