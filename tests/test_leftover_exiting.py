@@ -69,26 +69,34 @@ ctypes.CDLL(None).munmap(ctypes.c_void_p(address), ctypes.c_size_t(3 << 30))
 """
 
 
+def job_call(
+    service: SubprocessService, tmp_path: Path, containment: str, grace_ms: int, job: str
+) -> tuple[LocalShellExecutor, str]:
+    """An executor, and the start of a command that runs the Python source ``job`` (given a
+    fifo's path) in the background and waits until the job writes to the fifo; the caller
+    appends the rest of the command."""
+    executor = LocalShellExecutor(
+        grace_ms=grace_ms,
+        service=service,
+        containment=containment,  # type: ignore[arg-type]
+    )
+    script = tmp_path / "job.py"
+    script.write_text(job)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return executor, f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; "
+
+
 @pytest.mark.parametrize("containment", ["auto", "session"])
 @pytest.mark.parametrize("job", ["threads tearing down 2 GiB", "main thread in munmap"])
 def test_a_job_in_exit_group_is_never_counted(
     service: SubprocessService, tmp_path: Path, containment: str, job: str
 ) -> None:
-    executor = LocalShellExecutor(
-        grace_ms=2_000,
-        service=service,
-        containment=containment,  # type: ignore[arg-type]
-    )
-    script = tmp_path / "job.py"
-    script.write_text(BIG_JOB if job.startswith("threads") else MUNMAP_JOB)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
+    source = BIG_JOB if job.startswith("threads") else MUNMAP_JOB
+    executor, start = job_call(service, tmp_path, containment, 2_000, source)
     # The job writes, then exits: a moment for its exit to begin (the teardown it then does
     # takes far longer), else under load the count could rightly find it still running.
-    command = (
-        f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; sleep 0.05; "
-        "echo done"
-    )
+    command = start + "sleep 0.05; echo done"
     before = own_cgroup_dirs()
     for _ in range(3):
         result = run(executor, command)
@@ -120,16 +128,8 @@ ctypes.CDLL(None).munmap(ctypes.c_void_p(address), ctypes.c_size_t(3 << 30))
 def test_a_job_that_execs_from_a_thread_is_counted(
     service: SubprocessService, tmp_path: Path, containment: str
 ) -> None:
-    executor = LocalShellExecutor(
-        grace_ms=200,
-        service=service,
-        containment=containment,  # type: ignore[arg-type]
-    )
-    script = tmp_path / "job.py"
-    script.write_text(EXEC_JOB)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    command = f"{sys.executable} {script} {fifo} > /dev/null 2>&1 & read x < {fifo}; echo done"
+    executor, start = job_call(service, tmp_path, containment, 200, EXEC_JOB)
+    command = start + "echo done"
     for _ in range(3):
         result = run(executor, command)
         assert (result.stdout.text, result.leftover_killed) == ("done\n", 1)
