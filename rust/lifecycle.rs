@@ -181,24 +181,22 @@ pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
 
 /// Reaps the zombie leader once its group has been dealt with (rusage comes with it).
 fn release_leader(contain: &CallContainment, leader: &mut Option<LeaderExit>) {
-    match *leader {
+    // What the exit is if the reap gets no status.
+    let unreaped = match *leader {
+        // Reaped by someone else meanwhile: the status was already read.
+        // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
         Some(LeaderExit::Zombie(status)) => {
-            *leader = Some(match contain.reap_leader() {
-                Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
-                // Reaped by someone else meanwhile: the status was already read.
-                // SAFETY: rusage is plain old data; all-zero is a valid (empty) value.
-                _ => LeaderExit::Status(status, unsafe { std::mem::zeroed() }),
-            });
+            LeaderExit::Status(status, unsafe { std::mem::zeroed() })
         }
-        Some(LeaderExit::Traced) => {
-            *leader = Some(match contain.reap_leader() {
-                // The tracer let go (it was killed with the call): the real status.
-                Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
-                _ => LeaderExit::Unknown,
-            });
-        }
-        _ => {}
-    }
+        // A tracer still holds the zombie, or reaped it when it let go.
+        Some(LeaderExit::Traced) => LeaderExit::Unknown,
+        _ => return,
+    };
+    *leader = Some(match contain.reap_leader() {
+        // For a traced leader: the tracer let go (it was killed with the call).
+        Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
+        _ => unreaped,
+    });
 }
 
 fn pipes_closed(st: &ProcState) -> bool {

@@ -609,17 +609,12 @@ mod tests {
 
     /// Appends chunks of the given sizes (completing the file after those marked), and
     /// checks after each completion that the file holds exactly the bytes appended so far.
-    /// `direct`: the service allows leaving the page cache (drop-behind first unless
-    /// `no_drop_behind`, else `O_DIRECT`).
-    fn write_and_check(
-        direct: bool,
-        no_drop_behind: bool,
-        direct_from: u64,
-        plan: &[(usize, bool)],
-    ) {
+    /// `direct`: the service allows leaving the page cache (drop-behind first if
+    /// `drop_behind`, else `O_DIRECT`).
+    fn write_and_check(direct: bool, drop_behind: bool, direct_from: u64, plan: &[(usize, bool)]) {
         let (path, file) = scratch_file("plan");
         let mut writer = SpillWriter::new(file, Arc::new(DirectWrites::new(direct)));
-        writer.try_drop_behind = !no_drop_behind;
+        writer.try_drop_behind = drop_behind;
         writer.direct_from = direct_from;
         writer.slow_ns_per_mib = u128::MAX; // a busy test machine must not turn it buffered
         let mut stream = Vec::new();
@@ -645,7 +640,7 @@ mod tests {
         // where this kernel and file system take it, else `O_DIRECT`).
         if direct_from < DIRECT_FROM {
             assert_eq!(writer.is_uncached(), direct);
-            if no_drop_behind {
+            if !drop_behind {
                 assert_eq!(writer.is_direct(), direct);
             }
         }
@@ -672,12 +667,12 @@ mod tests {
             (MIB, true),
             (77, false),
         ];
-        for no_drop_behind in [true, false] {
+        for drop_behind in [false, true] {
             for direct_from in [0, 4096 * 3, DIRECT_FROM] {
-                write_and_check(true, no_drop_behind, direct_from, &plan);
+                write_and_check(true, drop_behind, direct_from, &plan);
             }
         }
-        write_and_check(false, false, 0, &plan);
+        write_and_check(false, true, 0, &plan);
     }
 
     #[test]

@@ -227,13 +227,7 @@ pub(crate) fn peek_exit(leader: BorrowedFd<'_>, pid: libc::pid_t) -> Peeked {
 /// reaped): while it is, its pid, and so the number of a group or session it leads, cannot
 /// have gone to another process.
 pub(crate) fn unreaped(leader: BorrowedFd<'_>, pid: libc::pid_t) -> bool {
-    waitid_leader(
-        leader,
-        pid,
-        libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        None,
-    )
-    .is_ok()
+    !matches!(peek_exit(leader, pid), Peeked::Lost)
 }
 
 /// `waitid(P_PIDFD)` on `leader`, or `waitid(P_PID)` on `pid` where the kernel has no
