@@ -285,7 +285,7 @@ impl Service {
         if cgroups.is_none() {
             self.shared.tell_keeper(|_| {}); // started before the call, so it can be told
         }
-        let (contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
+        let (mut contain, rlimits) = CallContainment::prepare(cgroups, &cfg.limits);
         plan.cgroup = contain.cgroup.as_ref().map(CallCgroup::dir_fd);
         let joins = contain
             .cgroup
@@ -300,11 +300,16 @@ impl Service {
         }) {
             Ok(child) => child,
             Err(err) => {
-                let mut contain = contain;
                 self.shared.end_containment(0, &mut contain, |_| {});
                 return Err(err.into());
             }
         };
+        if let Some(cg) = contain.cgroup.as_mut() {
+            // The plan's fds were the cgroup's: they close here.
+            plan.cgroup = None;
+            plan.join_cgroups.clear();
+            cg.shed();
+        }
         if contain.cgroup.is_none() {
             let (pgid, ino) = (
                 child.pid,

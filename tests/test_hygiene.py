@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import threading
@@ -98,3 +99,45 @@ def test_one_supervisor_thread_for_many_concurrent_processes() -> None:
     assert during - native_before <= 1 + SPAWNER_THREADS
     svc.dispose()
     assert {t.ident for t in threading.enumerate()} <= base
+
+
+def held_fds() -> list[str]:
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return held
+
+
+def test_a_call_in_flight_holds_three_descriptors() -> None:
+    # Every descriptor the harness holds is copied into each child it spawns and closed at
+    # exec, and counts against RLIMIT_NOFILE: a call in flight holds its two pipes and its
+    # pidfd, not its cgroup's directories or files (it held six before).
+    svc = SubprocessService()
+    ex = LocalShellExecutor(service=svc)
+    try:
+        ex.run_sync(ex.resolve(ShellExecRequest(command="true")))
+        n = 48
+
+        async def main() -> tuple[list[str], list[str]]:
+            gc.collect()
+            before = held_fds()
+            spec = ex.resolve(ShellExecRequest(command="sleep 1"))
+            tasks = [asyncio.ensure_future(ex.run(spec)) for _ in range(n)]
+            deadline = time.monotonic() + 10
+            while svc.running < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            during = held_fds()
+            for r in await asyncio.gather(*tasks):
+                assert r.exit_code == 0
+            return before, during
+
+        before, during = asyncio.run(main())
+        cgroup = [h for h in during if h.startswith("/sys/fs/cgroup/")]
+        cgroup_before = [h for h in before if h.startswith("/sys/fs/cgroup/")]
+        # The service's parents and its warm cgroup's files were open before: nothing more.
+        assert len(cgroup) == len(cgroup_before), sorted(set(cgroup) - set(cgroup_before))
+        # An event loop's own selector and self-pipe come on top of the calls' three each.
+        assert len(during) - len(before) <= 3 * n + 6, sorted(during)
+    finally:
+        svc.dispose()

@@ -7,49 +7,88 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The most pids a 64-bit kernel can hand out (`PID_MAX_LIMIT`, 4 Mi).
 const PID_MAX_LIMIT: u64 = 4 * 1024 * 1024;
 
-use super::{keyed, lock, open_at, open_dir, read_whole, write_at, TreeLimits, Usage};
+use super::{keyed, lock, mkdir_at, open_at, read_whole, TreeLimits, Usage};
 
-/// One cgroup directory of a call (v2 or one v1 controller). Its fd, and the files a call
-/// reads or the child writes (`cpu.stat`, `pids.current`, v1 `tasks`, ...), are opened on
-/// first use and kept while the cgroup is in use or warm in the pool: a `pread` on a held
-/// kernfs file costs ~0.6 us where open/read/close costs ~6 us, and a call reads five of
-/// them. Cold pooled cgroups hold no descriptors (see `ServiceCgroups::pool`).
+/// One cgroup directory of a call (v2 or one v1 controller), reached from its parent's fd
+/// (which the service holds): a file is opened as `c<n>/<file>` relative to the parent, one
+/// short lookup, and the directory itself is opened (`O_PATH`) only for what needs its fd,
+/// `clone3(CLONE_INTO_CGROUP)`. The files a call reads or the child writes (`cpu.stat`,
+/// `pids.current`, v1 `tasks`, ...) are opened on first use and kept while the cgroup is in
+/// use or warm in the pool: a `pread` on a held kernfs file costs ~1.5 us where
+/// open/read/close costs ~8 us. A call's cgroup other than the warm one lets go of its
+/// descriptors once its child is spawned (`CallCgroup::shed`): every descriptor the harness
+/// holds is copied into each child it spawns and closed again at exec (~70 ns each), and
+/// one call in flight holds three (two pipes and the pidfd) instead of six. Cold pooled
+/// cgroups hold none (see `ServiceCgroups::pool`).
 pub(super) struct Dir {
     pub(super) path: PathBuf,
-    fd: Option<OwnedFd>,
+    parent: Arc<OwnedFd>,
+    leaf: String,
+    fd: OnceLock<OwnedFd>,
     files: Mutex<Vec<(&'static str, fs::File)>>,
 }
 
 impl Dir {
-    pub(super) fn create(path: PathBuf) -> io::Result<Self> {
-        match fs::create_dir(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        let fd = Some(open_dir(&path)?);
+    /// Makes (or takes, when it exists) the directory `leaf` of the parent open as `parent`,
+    /// whose path is `parent_path`.
+    pub(super) fn create(
+        parent: &Arc<OwnedFd>,
+        parent_path: &Path,
+        leaf: String,
+    ) -> io::Result<Self> {
+        mkdir_at(parent.as_raw_fd(), &leaf)?;
         Ok(Self {
-            path,
-            fd,
+            path: parent_path.join(&leaf),
+            parent: Arc::clone(parent),
+            leaf,
+            fd: OnceLock::new(),
             files: Mutex::new(Vec::new()),
         })
     }
 
-    fn open(&mut self) -> io::Result<()> {
-        if self.fd.is_none() {
-            self.fd = Some(open_dir(&self.path)?);
+    /// The directory's own fd (`O_PATH`), opened on first use.
+    fn fd(&self) -> io::Result<RawFd> {
+        if let Some(fd) = self.fd.get() {
+            return Ok(fd.as_raw_fd());
         }
-        Ok(())
+        let fd: OwnedFd = open_at(
+            self.parent.as_raw_fd(),
+            &self.leaf,
+            libc::O_PATH | libc::O_DIRECTORY,
+        )?
+        .into();
+        // Another thread may have set one meanwhile: then ours is closed, theirs used.
+        let _ = self.fd.set(fd);
+        self.fd
+            .get()
+            .map(AsRawFd::as_raw_fd)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
     }
 
-    /// The open fd (-1 when closed: every use then fails cleanly with EBADF).
+    /// The directory's fd, or -1 when it cannot be opened (every use then fails cleanly
+    /// with EBADF).
     pub(super) fn raw(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+        self.fd().unwrap_or(-1)
+    }
+
+    /// Opens the directory's file `name` (not held).
+    pub(super) fn open_file(&self, name: &str, flags: libc::c_int) -> io::Result<fs::File> {
+        open_at(
+            self.parent.as_raw_fd(),
+            &format!("{}/{name}", self.leaf),
+            flags,
+        )
+    }
+
+    /// Writes `value` to the directory's file `name`.
+    pub(super) fn write(&self, name: &str, value: &str) -> io::Result<()> {
+        self.open_file(name, libc::O_WRONLY)?
+            .write_all(value.as_bytes())
     }
 
     /// Runs `f` on the held file `name` (opened with `flags` on first use).
@@ -63,7 +102,7 @@ impl Dir {
         if let Some((_, file)) = files.iter().find(|(n, _)| *n == name) {
             return f(file);
         }
-        let file = open_at(self.raw(), name, flags)?;
+        let file = self.open_file(name, flags)?;
         let out = f(&file);
         files.push((name, file));
         out
@@ -92,9 +131,9 @@ impl Dir {
         lock(&self.files).retain(|(name, _)| keep.contains(name));
     }
 
-    /// Closes the directory and every held file.
+    /// Closes the directory and every held file (a later use opens what it needs again).
     pub(super) fn close(&mut self) {
-        self.fd = None;
+        self.fd.take();
         lock(&self.files).clear();
     }
 }
@@ -157,14 +196,14 @@ impl CallCgroup {
         &self.dir.path
     }
 
-    fn memory_file(&self) -> (&str, &str, Option<RawFd>) {
+    fn memory_file(&self) -> (&str, &str, Option<&Dir>) {
         if self.v2_memory {
-            ("memory.max", "memory.swap.max", Some(self.dir.raw()))
+            ("memory.max", "memory.swap.max", Some(&self.dir))
         } else {
             (
                 "memory.limit_in_bytes",
                 "memory.memsw.limit_in_bytes",
-                self.memory.as_ref().map(Dir::raw),
+                self.memory.as_ref(),
             )
         }
     }
@@ -184,26 +223,25 @@ impl CallCgroup {
         self.use_memory = self.v2_memory || limits.memory_bytes.is_some();
         self.use_pids = self.v2_pids || limits.max_processes.is_some();
         if self.v2_memory {
-            let mut peak = open_at(self.dir.raw(), "memory.peak", libc::O_RDWR)?;
+            let mut peak = self.dir.open_file("memory.peak", libc::O_RDWR)?;
             let _ = peak.write_all(b"reset");
             self.peak = Some(peak);
         } else if self.use_memory {
             if let Some(mem) = &self.memory {
                 // The peak of this call only: reset to the current usage.
-                let _ = write_at(mem.raw(), "memory.max_usage_in_bytes", "0");
+                let _ = mem.write("memory.max_usage_in_bytes", "0");
             }
         }
         if limits.memory_bytes != self.applied.memory_bytes {
-            let (limit, swap, fd) = self.memory_file();
-            if let Some(fd) = fd {
+            let (limit, swap, dir) = self.memory_file();
+            if let Some(dir) = dir {
                 let unlimited = if self.v2_memory { "max" } else { "-1" };
                 let value = limits
                     .memory_bytes
                     .map_or(unlimited.to_string(), |v| v.to_string());
                 if self.v2_memory {
-                    write_at(fd, limit, &value)?;
-                    let _ = write_at(
-                        fd,
+                    dir.write(limit, &value)?;
+                    let _ = dir.write(
                         swap,
                         if limits.memory_bytes.is_some() {
                             "0"
@@ -219,11 +257,11 @@ impl CallCgroup {
                         (None, _) => false,
                     };
                     if lowering {
-                        write_at(fd, limit, &value)?;
-                        let _ = write_at(fd, swap, &value);
+                        dir.write(limit, &value)?;
+                        let _ = dir.write(swap, &value);
                     } else {
-                        let _ = write_at(fd, swap, &value);
-                        write_at(fd, limit, &value)?;
+                        let _ = dir.write(swap, &value);
+                        dir.write(limit, &value)?;
                     }
                 }
             }
@@ -234,24 +272,19 @@ impl CallCgroup {
                 } else {
                     "0"
                 };
-                let _ = write_at(self.dir.raw(), "memory.oom.group", group);
+                let _ = self.dir.write("memory.oom.group", group);
             }
             self.applied.memory_bytes = limits.memory_bytes;
         }
         if limits.max_processes != self.applied.max_processes {
-            let fd = if self.v2_pids {
-                Some(self.dir.raw())
-            } else {
-                self.pids.as_ref().map(Dir::raw)
-            };
-            if let Some(fd) = fd {
+            if let Some(dir) = self.pids_dir() {
                 // The kernel refuses a pids.max above PID_MAX_LIMIT; no more processes than
                 // that can exist, so a larger limit is no limit.
                 let value = limits
                     .max_processes
                     .filter(|&v| v <= PID_MAX_LIMIT)
                     .map_or("max".to_string(), |v| v.to_string());
-                write_at(fd, "pids.max", &value)?;
+                dir.write("pids.max", &value)?;
             }
             self.applied.max_processes = limits.max_processes;
         }
@@ -268,29 +301,16 @@ impl CallCgroup {
         .flatten()
     }
 
-    /// Opens the directories a call with `limits` needs (each open is a syscall per call).
-    pub(super) fn open(&mut self, limits: TreeLimits) -> io::Result<()> {
-        self.dir.open()?;
-        let applied = self.applied;
-        if let Some(m) = &mut self.memory {
-            if limits.memory_bytes.is_some() || applied.memory_bytes != limits.memory_bytes {
-                m.open()?;
-            }
-        }
-        if let Some(p) = &mut self.pids {
-            if limits.max_processes.is_some() || applied.max_processes != limits.max_processes {
-                p.open()?;
-            }
-        }
-        Ok(())
+    /// Opens the v2 directory the child is cloned into: a cgroup gone from under us fails
+    /// here, before the spawn, and the call goes without (see `CallContainment::prepare`).
+    pub(super) fn open(&mut self) -> io::Result<()> {
+        self.dir.fd().map(|_| ())
     }
 
     /// Opens what every call reads or its child writes, so that the warm cgroup holds the
     /// same descriptors whatever its last call read: `trim` closes the rest.
     pub(super) fn warm(&mut self) -> io::Result<()> {
-        for d in self.dirs() {
-            d.open()?;
-        }
+        self.open()?;
         self.dir.preopen(V2_WARM)?;
         if let Some(p) = self.pids_dir() {
             p.preopen(PIDS_WARM)?;
@@ -316,6 +336,15 @@ impl CallCgroup {
     /// Closes the call's directory and file fds (a cold cgroup holds none).
     pub fn close(&mut self) {
         self.dirs().for_each(Dir::close);
+    }
+
+    /// The child is spawned: clone3 put it in the v2 directory and it joined the v1
+    /// cgroups before exec. A cgroup other than the warm one closes its descriptors now
+    /// (see `Dir`); what the call reads later opens its files again.
+    pub fn shed(&mut self) {
+        if !self.home {
+            self.close();
+        }
     }
 
     /// Reads the baselines of counters that cannot be reset (a new cgroup).
@@ -436,7 +465,7 @@ impl CallCgroup {
 
     /// An fd on `cgroup.events` that raises EPOLLPRI when `populated` changes.
     pub fn events_fd(&self) -> io::Result<OwnedFd> {
-        Ok(open_at(self.dir.raw(), "cgroup.events", libc::O_RDONLY)?.into())
+        Ok(self.dir.open_file("cgroup.events", libc::O_RDONLY)?.into())
     }
 
     /// On a v1 memory controller with a limit: an eventfd the kernel signals when the call's
@@ -457,16 +486,16 @@ impl CallCgroup {
         }
         // SAFETY: a fresh fd returned by eventfd above, owned only here.
         let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
-        let control = open_at(mem.raw(), "memory.oom_control", libc::O_RDONLY)?;
+        let control = mem.open_file("memory.oom_control", libc::O_RDONLY)?;
         let line = format!("{} {}", efd.as_raw_fd(), control.as_raw_fd());
-        write_at(mem.raw(), "cgroup.event_control", &line)?;
+        mem.write("cgroup.event_control", &line)?;
         Ok(Some(efd))
     }
 
     /// SIGKILLs every member at once, including ones forked while we look.
     pub fn kill_all(&mut self) -> io::Result<()> {
         self.killed = true;
-        write_at(self.dir.raw(), "cgroup.kill", "1")
+        self.dir.write("cgroup.kill", "1")
     }
 }
 

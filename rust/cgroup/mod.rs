@@ -23,7 +23,7 @@ pub use service::{remove_tree, ServiceCgroups};
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
@@ -50,6 +50,8 @@ pub struct Usage {
     pub forks_refused: bool,
 }
 
+/// A directory held as a base for `openat` (and for `clone3(CLONE_INTO_CGROUP)`, which
+/// takes an `O_PATH` fd): no read or write of the directory itself goes through it.
 pub(super) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -57,7 +59,7 @@ pub(super) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
         )
     };
     if fd < 0 {
@@ -65,6 +67,19 @@ pub(super) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: `fd` is fresh and owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes the directory `name` in the directory open as `dir`; one that exists is taken.
+pub(super) fn mkdir_at(dir: RawFd, name: &str) -> io::Result<()> {
+    let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: mkdirat relative to a directory fd we hold, with a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir, c.as_ptr(), 0o755) } == 0 {
+        return Ok(());
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        e => Err(e),
+    }
 }
 
 pub(super) fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<fs::File> {
@@ -108,10 +123,6 @@ pub(super) fn read_whole(file: &fs::File) -> io::Result<String> {
     }
     buf.truncate(len);
     String::from_utf8(buf).map_err(|_| io::Error::from_raw_os_error(libc::EILSEQ))
-}
-
-pub(super) fn write_at(dir: RawFd, name: &str, value: &str) -> io::Result<()> {
-    open_at(dir, name, libc::O_WRONLY)?.write_all(value.as_bytes())
 }
 
 /// The value of `key` in a flat-keyed file (`cpu.stat`, `cgroup.events`, `pids.events`).

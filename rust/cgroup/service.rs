@@ -5,12 +5,13 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::call::Dir;
-use super::{lock, write_at, CallCgroup, Hierarchy, TreeLimits};
+use super::{lock, open_dir, CallCgroup, Hierarchy, TreeLimits};
 
 /// Idle cgroups kept per service for reuse; more are removed when they come back.
 const POOL_MAX: usize = 64;
@@ -42,11 +43,22 @@ fn parent_name() -> String {
     )
 }
 
+/// The service's parents, open.
+#[derive(Clone)]
+struct ParentFds {
+    v2: Arc<OwnedFd>,
+    memory: Option<Arc<OwnedFd>>,
+    pids: Option<Arc<OwnedFd>>,
+}
+
 /// The cgroups of one service: parents it owns and a pool of idle call cgroups.
 pub struct ServiceCgroups {
     parent: PathBuf,
     memory_parent: Option<PathBuf>,
     pids_parent: Option<PathBuf>,
+    /// The parents, held open (`O_PATH`) until `remove_all`: a call's directories and files
+    /// are opened relative to them.
+    parent_fds: Mutex<Option<ParentFds>>,
     v2_memory: bool,
     v2_pids: bool,
     idle_charge: u64,
@@ -96,19 +108,38 @@ impl ServiceCgroups {
                 (v2_memory, v2_pids) = (false, false);
             }
         }
+        let parent_fd = match open_dir(&parent) {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                let _ = fs::remove_dir(&parent);
+                return Err(e);
+            }
+        };
         let v1 = |dir: &Option<PathBuf>, enabled: bool| {
             if enabled {
                 return None;
             }
             let p = dir.as_ref()?.join(&name);
-            fs::create_dir(&p).ok().map(|()| p)
+            fs::create_dir(&p).ok()?;
+            match open_dir(&p) {
+                Ok(fd) => Some((p, Arc::new(fd))),
+                Err(_) => {
+                    let _ = fs::remove_dir(&p);
+                    None
+                }
+            }
         };
-        let memory_parent = v1(&h.memory_v1, v2_memory);
-        let pids_parent = v1(&h.pids_v1, v2_pids);
+        let (memory_parent, memory_parent_fd) = v1(&h.memory_v1, v2_memory).unzip();
+        let (pids_parent, pids_parent_fd) = v1(&h.pids_v1, v2_pids).unzip();
         Ok(Self {
             parent,
             memory_parent,
             pids_parent,
+            parent_fds: Mutex::new(Some(ParentFds {
+                v2: parent_fd,
+                memory: memory_parent_fd,
+                pids: pids_parent_fd,
+            })),
             v2_memory,
             v2_pids,
             idle_charge: idle_charge_bytes(),
@@ -160,22 +191,23 @@ impl ServiceCgroups {
 
     fn create(&self) -> io::Result<CallCgroup> {
         let name = format!("c{}", self.next.fetch_add(1, Ordering::Relaxed));
-        let dir = Dir::create(self.parent.join(&name))?;
-        let memory = match &self.memory_parent {
-            Some(p) => Some(Dir::create(p.join(&name))?),
-            None => None,
+        let fds = lock(&self.parent_fds)
+            .clone()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+        let dir = Dir::create(&fds.v2, &self.parent, name.clone())?;
+        let v1 = |parent: &Option<PathBuf>, fd: &Option<Arc<OwnedFd>>| match (parent, fd) {
+            (Some(p), Some(fd)) => Dir::create(fd, p, name.clone()).map(Some),
+            _ => Ok(None),
         };
-        let pids = match &self.pids_parent {
-            Some(p) => Some(Dir::create(p.join(&name))?),
-            None => None,
-        };
+        let memory = v1(&self.memory_parent, &fds.memory)?;
+        let pids = v1(&self.pids_parent, &fds.pids)?;
         if let Some(m) = &memory {
             // OOM inside the call kills a member instead of pausing the call.
-            let _ = write_at(m.raw(), "memory.oom_control", "0");
+            let _ = m.write("memory.oom_control", "0");
         }
         if self.v2_memory {
             // v2: an OOM kill takes the whole call, not one arbitrary member.
-            let _ = write_at(dir.raw(), "memory.oom.group", "1");
+            let _ = dir.write("memory.oom.group", "1");
         }
         let mut cg = CallCgroup {
             dir,
@@ -223,7 +255,7 @@ impl ServiceCgroups {
                 }
             }
         };
-        if let Err(e) = cg.open(limits).and_then(|()| cg.apply(limits)) {
+        if let Err(e) = cg.open().and_then(|()| cg.apply(limits)) {
             self.release(cg);
             return Err(e);
         }
@@ -314,6 +346,8 @@ impl ServiceCgroups {
         for cg in idle {
             remove(cg);
         }
+        // Calls still settling keep theirs until they are dropped.
+        lock(&self.parent_fds).take();
         let deadline = std::time::Instant::now() + EXIT_WAIT;
         loop {
             let parents = self.parents();
