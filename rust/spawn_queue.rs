@@ -39,6 +39,8 @@ pub struct SpawnJob {
     pub token: u64,
     /// The caller's timeout, kept by the supervisor from the spawn on.
     pub timeout: Option<Duration>,
+    /// Its number among queued spawns (set by `submit`, see `ignored_signals_for`).
+    pub seq: u64,
 }
 
 #[derive(Default)]
@@ -206,7 +208,8 @@ impl SpawnQueue {
     /// of the service running or queued, it spawns here instead: there is nothing to stall,
     /// and the two thread hand-offs would cost a lone run about as much as its spawn. A job
     /// no thread can take (none could start, or the queue was stopped) also spawns here.
-    pub fn submit(&self, service: &Arc<Service>, job: SpawnJob) {
+    pub fn submit(&self, service: &Arc<Service>, mut job: SpawnJob) {
+        job.seq = crate::spawn::number_queued_spawn();
         if self.queued.fetch_add(1, Ordering::SeqCst) == 0 && service.running() == 0 {
             run(Some(Arc::clone(service)), job, &self.queued);
             return;
@@ -294,6 +297,9 @@ fn run(service: Option<Arc<Service>>, mut job: SpawnJob, queued: &AtomicUsize) {
     let result = match &service {
         // A panic must not leave the caller waiting for a token that never comes.
         Some(service) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if job.plan.ignored_signals.is_none() {
+                job.plan.ignored_signals = Some(crate::spawn::ignored_signals_for(job.seq));
+            }
             service.spawn(&mut job.plan, job.cfg)
         }))
         .unwrap_or_else(|_| Err(CoreError::Io(std::io::Error::other("the spawn panicked")))),
@@ -338,6 +344,7 @@ mod tests {
             notifier: Arc::clone(notifier),
             token,
             timeout: None,
+            seq: 0,
         }
     }
 

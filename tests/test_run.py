@@ -341,6 +341,38 @@ def test_no_disposition_of_the_harness_reaches_the_child(
     assert masks == [f"{name}:\t{0:016x}" for name in ("SigBlk", "SigIgn", "SigCgt")]
 
 
+def test_a_signal_ignored_between_two_bursts_is_reset_in_the_second(
+    service: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    # Queued spawns share one read of the ignored signals when it began after they were
+    # queued: a disposition set before a run is queued is never served from an older read.
+    ex = LocalShellExecutor(cwd=str(tmp_path), service=service)
+    spec = ex.resolve(ShellExecRequest(command="grep ^SigIgn /proc/self/status"))
+    clean = f"SigIgn:\t{0:016x}\n"
+    saved = sig.getsignal(sig.SIGUSR1)
+
+    async def burst() -> list[str]:
+        return [r.stdout.text for r in await asyncio.gather(*(ex.run(spec) for _ in range(24)))]
+
+    async def main() -> tuple[list[str], list[str]]:
+        # Something running, so that every run goes through the spawner threads.
+        keep = ex.start(ex.resolve(ShellExecRequest(command="sleep 5")))
+        try:
+            first = await burst()
+            sig.signal(sig.SIGUSR1, sig.SIG_IGN)
+            second = await burst()
+        finally:
+            keep.kill()
+        return first, second
+
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        sig.signal(sig.SIGUSR1, saved)
+    assert first == [clean] * 24
+    assert second == [clean] * 24
+
+
 @pytest.mark.parametrize("containment", ["auto", "session"])
 def test_a_forked_harness_resets_its_own_ignored_signals(
     tmp_path: os.PathLike[str], containment: str

@@ -453,6 +453,7 @@ impl Supervisor {
             notifier: Arc::clone(&notifier.inner),
             token,
             timeout: (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)),
+            seq: 0,
         };
         py.detach(|| self.queue.submit(&self.inner, job));
         Ok(PendingRun {
