@@ -24,7 +24,9 @@ use super::{keyed, lock, mkdir_at, open_at, read_whole, TreeLimits, Usage};
 /// descriptors once its child is spawned (`CallCgroup::shed`): every descriptor the harness
 /// holds is copied into each child it spawns and closed again at exec (~70 ns each), and
 /// one call in flight holds three (two pipes and the pidfd) instead of six. Cold pooled
-/// cgroups hold none (see `ServiceCgroups::pool`).
+/// cgroups hold none (see `ServiceCgroups::pool`). Reopening by name trusts the name: an
+/// unconfined command of a root harness could rename its cgroup, as it can leave it (the
+/// README's open holes); a confined one cannot write the cgroup tree.
 pub(super) struct Dir {
     pub(super) path: PathBuf,
     parent: Arc<OwnedFd>,
