@@ -135,9 +135,15 @@ def test_a_call_in_flight_holds_three_descriptors() -> None:
         before, during = asyncio.run(main())
         cgroup = [h for h in during if h.startswith("/sys/fs/cgroup/")]
         cgroup_before = [h for h in before if h.startswith("/sys/fs/cgroup/")]
+        # A kernel that resets `memory.peak` per open file (6.12+, cgroup v2 memory
+        # controller) needs that file held for the call: one more each, nothing else.
+        peaks = [h for h in cgroup if h.endswith("/memory.peak")]
+        assert len(peaks) <= n, peaks
         # The service's parents and its warm cgroup's files were open before: nothing more.
-        assert len(cgroup) == len(cgroup_before), sorted(set(cgroup) - set(cgroup_before))
+        assert len(cgroup) - len(peaks) == len(cgroup_before), sorted(
+            set(cgroup) - set(cgroup_before)
+        )
         # An event loop's own selector and self-pipe come on top of the calls' three each.
-        assert len(during) - len(before) <= 3 * n + 6, sorted(during)
+        assert len(during) - len(before) <= 3 * n + len(peaks) + 6, sorted(during)
     finally:
         svc.dispose()

@@ -4,7 +4,7 @@
 //! reads the call's usage against baselines taken when the cgroup last went to the pool.
 
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -23,7 +23,8 @@ use super::{keyed, lock, mkdir_at, open_at, read_whole, TreeLimits, Usage};
 /// open/read/close costs ~8 us. A call's cgroup other than the warm one lets go of its
 /// descriptors once its child is spawned (`CallCgroup::shed`): every descriptor the harness
 /// holds is copied into each child it spawns and closed again at exec (~70 ns each), and
-/// one call in flight holds three (two pipes and the pidfd) instead of six. Cold pooled
+/// one call in flight holds three (two pipes and the pidfd) instead of six; four where
+/// the kernel resets `memory.peak` per open file (see `Peak`). Cold pooled
 /// cgroups hold none (see `ServiceCgroups::pool`). Reopening by name trusts the name: an
 /// unconfined command of a root harness could rename its cgroup, as it can leave it (the
 /// README's open holes); a confined one cannot write the cgroup tree.
@@ -150,6 +151,48 @@ const PIDS_WARM: &[&str] = &["pids.current", "pids.events"];
 const V2_PIDS_WARM: &[&str] = &["cgroup.procs", "cpu.stat", "pids.current", "pids.events"];
 const PIDS_V1_KEEP: &[&str] = &["pids.current", "pids.events", "tasks"];
 
+/// Where a call's v2 memory peak comes from.
+pub(super) enum Peak {
+    /// An fd on `memory.peak` that "reset" was written to when the call began: it reads
+    /// the peak since then (kernel 6.12+; the reset is per open file, so the fd is held for
+    /// the call: four descriptors per call in flight on such hosts, not three).
+    Since(fs::File),
+    /// The kernel cannot reset the peak (5.19 to 6.11, where `memory.peak` is read-only):
+    /// the cgroup's lifetime peak, which is the call's own in a cgroup made for it.
+    Lifetime,
+    /// Not known: no `memory.peak` (before 5.19), or a reused cgroup that cannot reset it
+    /// (an earlier call's peak must not be reported as this one's).
+    Unknown,
+}
+
+impl Peak {
+    /// Starts watching the peak of a call in `dir` (`fresh`: no call ran there before).
+    /// Never fails: a peak that cannot be reset costs the report, not the call's cgroup.
+    pub(super) fn watch(dir: &Dir, fresh: bool) -> Self {
+        let reset = dir
+            .open_file("memory.peak", libc::O_RDWR)
+            .and_then(|mut f| f.write_all(b"reset").map(|()| f));
+        match reset {
+            Ok(file) => Self::Since(file),
+            Err(_) if fresh => Self::Lifetime,
+            Err(_) => Self::Unknown,
+        }
+    }
+
+    /// The peak in bytes as the kernel wrote it (None: not known).
+    pub(super) fn read(self, dir: &Dir) -> Option<String> {
+        match self {
+            // From offset 0: the reset moved the file position.
+            Self::Since(file) => super::read_whole(&file).ok(),
+            Self::Lifetime => dir
+                .open_file("memory.peak", libc::O_RDONLY)
+                .and_then(|f| super::read_whole(&f))
+                .ok(),
+            Self::Unknown => None,
+        }
+    }
+}
+
 /// One call's cgroups. `dir` is what the child is cloned into; `memory`/`pids` are v1
 /// cgroups the child joins before exec (hybrid hosts).
 pub struct CallCgroup {
@@ -168,8 +211,10 @@ pub struct CallCgroup {
     pub(super) use_pids: bool,
     /// The service's warm cgroup (see `ServiceCgroups::acquire`).
     pub(super) home: bool,
-    /// v2 `memory.peak`, reset through this fd for each call (the reset is per open file).
-    pub(super) peak: Option<fs::File>,
+    /// How the call's v2 `memory.peak` is read (see `Peak`).
+    pub(super) peak: Peak,
+    /// No call ran in the cgroup yet (made for this one).
+    pub(super) fresh: bool,
     pub(super) cpu_base: u64,
     pub(super) pids_max_base: u64,
     pub(super) oom_base: u64,
@@ -225,15 +270,14 @@ impl CallCgroup {
         self.use_memory = self.v2_memory || limits.memory_bytes.is_some();
         self.use_pids = self.v2_pids || limits.max_processes.is_some();
         if self.v2_memory {
-            let mut peak = self.dir.open_file("memory.peak", libc::O_RDWR)?;
-            let _ = peak.write_all(b"reset");
-            self.peak = Some(peak);
+            self.peak = Peak::watch(&self.dir, self.fresh);
         } else if self.use_memory {
             if let Some(mem) = &self.memory {
                 // The peak of this call only: reset to the current usage.
                 let _ = mem.write("memory.max_usage_in_bytes", "0");
             }
         }
+        self.fresh = false;
         if limits.memory_bytes != self.applied.memory_bytes {
             let (limit, swap, dir) = self.memory_file();
             if let Some(dir) = dir {
@@ -395,9 +439,8 @@ impl CallCgroup {
     /// Accounting of the call; read once, before its completion is signalled, when its
     /// processes are gone. The totals read become the next call's baselines.
     pub fn usage(&mut self) -> Usage {
-        let peak = if let Some(mut file) = self.peak.take() {
-            let mut text = String::new();
-            file.read_to_string(&mut text).ok().map(|_| text)
+        let peak = if self.v2_memory {
+            std::mem::replace(&mut self.peak, Peak::Unknown).read(&self.dir)
         } else if self.use_memory {
             self.memory
                 .as_ref()
@@ -530,6 +573,71 @@ mod tests {
     use super::*;
     use crate::cgroup::{hierarchy, ServiceCgroups};
     use std::ffi::CString;
+
+    /// Removes a test's directory tree, also when an assertion fails.
+    struct TempTree(std::path::PathBuf);
+    impl Drop for TempTree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_peak_that_cannot_be_reset_costs_the_report_not_the_cgroup() {
+        use std::os::unix::fs::PermissionsExt;
+        // Kernels 5.19 to 6.11 have a read-only `memory.peak`, older ones none: opening it
+        // for the reset failed, and with it every call's cgroup (the call ran uncontained).
+        // A plain directory stands in for the cgroup.
+        let root = TempTree(std::env::temp_dir().join(format!("peak-{}", std::process::id())));
+        fs::create_dir(&root.0).unwrap();
+        fs::set_permissions(&root.0, fs::Permissions::from_mode(0o755)).unwrap();
+        let parent = Arc::new(super::super::open_dir(&root.0).unwrap());
+        let dir = Dir::create(&parent, &root.0, "c0".into()).unwrap();
+        let mut cg = CallCgroup {
+            dir,
+            memory: None,
+            pids: None,
+            v2_memory: true,
+            v2_pids: false,
+            applied: TreeLimits::default(),
+            killed: false,
+            use_memory: false,
+            use_pids: false,
+            home: false,
+            peak: Peak::Unknown,
+            fresh: true,
+            cpu_base: 0,
+            pids_max_base: 0,
+            oom_base: 0,
+        };
+        cg.apply(TreeLimits::default())
+            .expect("no memory.peak at all");
+        assert_eq!(cg.usage().peak_memory_bytes, None);
+        let file = root.0.join("c0/memory.peak");
+        fs::write(&file, "1234\n").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o444)).unwrap();
+        cg.fresh = true;
+        // The kernel refuses to open a read-only kernfs file for writing even to root; a
+        // thread whose fsuid is not 0 loses CAP_DAC_OVERRIDE and is refused the same way.
+        let (fresh, reused) = std::thread::spawn(move || {
+            // SAFETY: setfsuid changes only this thread's filesystem uid.
+            unsafe { libc::setfsuid(65534) };
+            let fresh = cg.apply(TreeLimits::default()).map(|()| cg.usage());
+            let reused = cg.apply(TreeLimits::default()).map(|()| cg.usage());
+            // SAFETY: as above, back to root for this thread.
+            unsafe { libc::setfsuid(0) };
+            (fresh, reused)
+        })
+        .join()
+        .unwrap();
+        let peak = |u: io::Result<Usage>| u.expect("the cgroup is kept").peak_memory_bytes;
+        assert_eq!(peak(fresh), Some(1234), "a cgroup made for the call");
+        assert_eq!(
+            peak(reused),
+            None,
+            "an earlier call's peak is not this one's"
+        );
+    }
 
     #[test]
     fn child_is_cloned_into_its_cgroup_with_rlimits() {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::call::Dir;
+use super::call::{Dir, Peak};
 use super::{lock, open_dir, CallCgroup, Hierarchy, TreeLimits};
 
 /// Idle cgroups kept per service for reuse; more are removed when they come back.
@@ -199,8 +199,15 @@ impl ServiceCgroups {
             (Some(p), Some(fd)) => Dir::create(fd, p, name.clone()).map(Some),
             _ => Ok(None),
         };
-        let memory = v1(&self.memory_parent, &fds.memory)?;
-        let pids = v1(&self.pids_parent, &fds.pids)?;
+        // A v1 directory that cannot be made takes back what was made before it.
+        let undo = |made: &[Option<&Dir>]| {
+            for d in made.iter().flatten() {
+                let _ = fs::remove_dir(&d.path);
+            }
+        };
+        let memory = v1(&self.memory_parent, &fds.memory).inspect_err(|_| undo(&[Some(&dir)]))?;
+        let pids = v1(&self.pids_parent, &fds.pids)
+            .inspect_err(|_| undo(&[Some(&dir), memory.as_ref()]))?;
         if let Some(m) = &memory {
             // OOM inside the call kills a member instead of pausing the call.
             let _ = m.write("memory.oom_control", "0");
@@ -220,7 +227,8 @@ impl ServiceCgroups {
             home: false,
             use_memory: false,
             use_pids: false,
-            peak: None,
+            peak: Peak::Unknown,
+            fresh: true,
             cpu_base: 0,
             pids_max_base: 0,
             oom_base: 0,
@@ -426,6 +434,35 @@ mod tests {
         let svc = ServiceCgroups::new(h).expect("service cgroups");
         assert!(!stale.exists());
         svc.remove_all();
+    }
+
+    #[test]
+    fn a_v1_cgroup_that_cannot_be_made_leaves_no_directory_behind() {
+        let h = hierarchy();
+        if h.v2.is_none() {
+            return;
+        }
+        let svc = ServiceCgroups::new(h).expect("service cgroups");
+        let Some(pids) = svc.pids_parent.clone() else {
+            svc.remove_all();
+            return; // no v1 pids cgroup on this host
+        };
+        // The v1 parent goes (its fd stays held): making a call's cgroup there fails after
+        // its v2 (and v1 memory) directories were made.
+        fs::remove_dir(&pids).unwrap();
+        let made = svc.acquire(TreeLimits::default());
+        let calls = |dir: &Path| {
+            fs::read_dir(dir)
+                .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+                .unwrap_or(0)
+        };
+        let (v2_left, memory_left) = (
+            calls(svc.parent()),
+            svc.memory_parent.as_deref().map_or(0, calls),
+        );
+        svc.remove_all();
+        assert!(made.is_err());
+        assert_eq!((v2_left, memory_left), (0, 0));
     }
 
     #[test]
