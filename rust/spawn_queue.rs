@@ -215,16 +215,14 @@ impl SpawnQueue {
     /// no thread can take (none could start, or the queue was stopped) also spawns here.
     pub fn submit(&self, service: &Arc<Service>, mut job: SpawnJob) {
         job.seq = crate::spawn::number_queued_spawn();
-        if self.queued.fetch_add(1, Ordering::SeqCst) == 0 && service.running() == 0 {
+        let first = self.queued.fetch_add(1, Ordering::SeqCst) == 0;
+        // A forked copy of the harness: the service refuses it, and says so through the
+        // job, before any lock is taken (a thread of the parent may have held one).
+        if !service.in_owner() || (first && service.running() == 0) {
             run(Some(Arc::clone(service)), job, &self.queued);
             return;
         }
         let mut slot = lock(&self.threads);
-        if matches!(&*slot, Slot::Running(t) if t.owner != std::process::id()) {
-            // A forked copy: the threads were the parent's (the service refuses to spawn
-            // here anyway, and says so through the job).
-            *slot = Slot::Idle;
-        }
         if matches!(*slot, Slot::Idle) {
             if let Ok(threads) = start(Arc::downgrade(service), Arc::clone(&self.queued)) {
                 *slot = Slot::Running(threads);
@@ -409,6 +407,50 @@ mod tests {
         assert_eq!(queue.queued(), 0);
         queue.stop();
         service.dispose(false);
+    }
+
+    #[test]
+    fn a_forked_copy_refuses_a_queued_run_without_taking_a_lock() {
+        let service = service();
+        let queue = SpawnQueue::default();
+        let notifier = notifier();
+        // Something is queued, so a run would go to the spawner threads; and a thread of
+        // the harness holds the queue's lock when it forks.
+        queue.queued.fetch_add(1, Ordering::SeqCst);
+        let held = lock(&queue.threads);
+        // SAFETY: the child runs the submit under test and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let j = job("true", &notifier, 9);
+            let pending = Arc::clone(&j.pending);
+            queue.submit(&service, j);
+            let refused = matches!(pending.take_error(), Some(CoreError::ForkedChild));
+            // SAFETY: leaves the forked child without running the parent's destructors.
+            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+        }
+        drop(held);
+        let mut status = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let exited = loop {
+            // SAFETY: polls the child forked above.
+            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+                break true;
+            }
+            if Instant::now() > deadline {
+                // SAFETY: kills and reaps our own hung child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        queue.queued.fetch_sub(1, Ordering::SeqCst);
+        queue.stop();
+        service.dispose(false);
+        assert!(exited, "the forked copy waited for a lock held at the fork");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 
     #[test]

@@ -233,6 +233,12 @@ impl Service {
         lock(&self.shared.live).len()
     }
 
+    /// Whether this process made the service (not a forked copy of the harness), answered
+    /// without a lock: one the fork caught held by another thread is never released here.
+    pub fn in_owner(&self) -> bool {
+        self.shared.in_owner()
+    }
+
     pub fn has_supervisor_thread(&self) -> bool {
         lock(&self.thread).is_some()
     }
