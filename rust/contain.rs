@@ -409,10 +409,12 @@ impl CallContainment {
             return (false, false); // session members outside the group are out of reach
         };
         let coming = self.strays.coming > 0;
-        let held = match cg.pids_charged() {
-            Some(_) if !self.strays_looked_for => false,
-            Some(tasks) => tasks > 0,
-            None => self.strays != Strays::default() || !self.counted.is_empty(),
+        let held = if cg.counts_pids() {
+            // Read again only when `reap_strays` found more than the held leader charged
+            // (the leader is reaped now).
+            self.strays_looked_for && cg.pids_charged().is_some_and(|tasks| tasks > 0)
+        } else {
+            self.strays != Strays::default() || !self.counted.is_empty()
         };
         (held || coming, coming)
     }

@@ -469,6 +469,11 @@ impl CallCgroup {
         usage
     }
 
+    /// Whether the call uses a pids controller (see `pids_charged`).
+    pub fn counts_pids(&self) -> bool {
+        self.use_pids
+    }
+
     /// Tasks charged to the call's pids controller, zombies included until reaped (None:
     /// the call uses none; an unreadable count is taken as charged).
     pub fn pids_charged(&self) -> Option<u64> {
