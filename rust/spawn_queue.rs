@@ -182,7 +182,6 @@ impl PendingRun {
 struct Threads {
     tx: Sender<SpawnJob>,
     handles: Vec<JoinHandle<()>>,
-    owner: u32,
 }
 
 #[derive(Default)]
@@ -194,13 +193,25 @@ enum Slot {
 }
 
 /// The spawner threads of one service, started on the first queued spawn.
-#[derive(Default)]
 pub struct SpawnQueue {
     /// `Idle` before the first queued spawn; `Stopped` once `stop` ran (later spawns run on
     /// the caller's thread, where a disposed service refuses them).
     threads: Mutex<Slot>,
     /// Spawns queued or under way (not yet a process the service counts, nor failed).
     queued: Arc<AtomicUsize>,
+    /// The process that made the queue: a forked copy of the harness has none of its
+    /// threads and takes none of its locks (one of them may have been held at the fork).
+    owner: u32,
+}
+
+impl Default for SpawnQueue {
+    fn default() -> Self {
+        Self {
+            threads: Mutex::default(),
+            queued: Arc::default(),
+            owner: std::process::id(),
+        }
+    }
 }
 
 impl SpawnQueue {
@@ -244,14 +255,14 @@ impl SpawnQueue {
     /// Ends the spawner threads once the queued spawns are done (never from one of them);
     /// spawns submitted later run on their caller's thread.
     pub fn stop(&self) {
+        if self.owner != std::process::id() {
+            return;
+        }
         let Slot::Running(threads) = std::mem::replace(&mut *lock(&self.threads), Slot::Stopped)
         else {
             return;
         };
         drop(threads.tx);
-        if threads.owner != std::process::id() {
-            return;
-        }
         for handle in threads.handles {
             let _ = handle.join();
         }
@@ -273,11 +284,7 @@ fn start(service: Weak<Service>, queued: Arc<AtomicUsize>) -> std::io::Result<Th
             Err(_) => break,
         }
     }
-    Ok(Threads {
-        tx,
-        handles,
-        owner: std::process::id(),
-    })
+    Ok(Threads { tx, handles })
 }
 
 fn serve(rx: &Mutex<Receiver<SpawnJob>>, service: &Weak<Service>, queued: &AtomicUsize) {
@@ -418,39 +425,22 @@ mod tests {
         // the harness holds the queue's lock when it forks.
         queue.queued.fetch_add(1, Ordering::SeqCst);
         let held = lock(&queue.threads);
-        // SAFETY: the child runs the submit under test and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
+        let refused = crate::sys::passes_in_a_fork(Duration::from_secs(10), || {
             let j = job("true", &notifier, 9);
             let pending = Arc::clone(&j.pending);
             queue.submit(&service, j);
-            let refused = matches!(pending.take_error(), Some(CoreError::ForkedChild));
-            // SAFETY: leaves the forked child without running the parent's destructors.
-            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
-        }
+            // Disposing of the copy's service stops the queue: no lock either.
+            queue.stop();
+            matches!(pending.take_error(), Some(CoreError::ForkedChild))
+        });
         drop(held);
-        let mut status = 0;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let exited = loop {
-            // SAFETY: polls the child forked above.
-            if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-                break true;
-            }
-            if Instant::now() > deadline {
-                // SAFETY: kills and reaps our own hung child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
         queue.queued.fetch_sub(1, Ordering::SeqCst);
         queue.stop();
         service.dispose(false);
-        assert!(exited, "the forked copy waited for a lock held at the fork");
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(
+            refused,
+            "the forked copy waited for a lock held at the fork"
+        );
     }
 
     #[test]

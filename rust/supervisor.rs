@@ -198,13 +198,24 @@ impl Service {
     }
 
     pub fn spill_dir(&self) -> Option<PathBuf> {
+        if !self.in_owner() {
+            return None; // a forked copy: see `usable`
+        }
         lock(&self.shared.spill).path().map(|p| p.to_path_buf())
     }
 
-    /// The spill directory, created now if nothing spilled yet (None once disposed). The
-    /// keeper is told at once: a harness killed before anything spilled must not leave it.
+    /// Whether the service may act: not disposed, and not a forked copy of the harness (its
+    /// spill directory, keeper and locks are the parent's; a lock a thread of the parent held
+    /// at the fork is never released in the copy, so a copy takes none).
+    fn usable(&self) -> bool {
+        self.in_owner() && !self.is_disposed()
+    }
+
+    /// The spill directory, created now if nothing spilled yet (None once disposed, or in a
+    /// forked copy). The keeper is told at once: a harness killed before anything spilled
+    /// must not leave it.
     pub fn ensure_spill_dir(&self) -> Option<PathBuf> {
-        if self.is_disposed() {
+        if !self.usable() {
             return None;
         }
         let dir = lock(&self.shared.spill).ensure_dir().ok()?;
@@ -215,7 +226,7 @@ impl Service {
     /// Tells the keeper to remove `dir` (a tree the harness made for its commands: a
     /// read-only call's `$TMPDIR`, the sandbox cache) if the harness dies before it does.
     pub fn note_scratch_dir(&self, dir: &Path) {
-        if self.is_disposed() {
+        if !self.usable() {
             return; // a keeper started now would outlive the service
         }
         self.shared
@@ -224,12 +235,19 @@ impl Service {
 
     /// The harness removed `dir` itself: the keeper forgets it.
     pub fn forget_scratch_dir(&self, dir: &Path) {
+        if !self.in_owner() {
+            return;
+        }
         if let Some(k) = &lock(&self.shared.keeper).running {
             k.send(&format!("unscratch {}", dir.display()));
         }
     }
 
+    /// Processes not yet settled (none of a forked copy's own: see `usable`).
     pub fn running(&self) -> usize {
+        if !self.in_owner() {
+            return 0;
+        }
         lock(&self.shared.live).len()
     }
 
@@ -265,12 +283,15 @@ impl Service {
 
     /// The keeper's pid, once started.
     pub fn keeper_pid(&self) -> Option<libc::pid_t> {
+        if !self.in_owner() {
+            return None; // the parent's keeper, if any
+        }
         lock(&self.shared.keeper).running.as_ref().map(Keeper::pid)
     }
 
     /// Whether this service contains calls in cgroups (creating its cgroups if needed).
     pub fn has_cgroups(&self) -> bool {
-        self.shared.cgroups().is_some()
+        self.in_owner() && self.shared.cgroups().is_some()
     }
 
     pub fn spawn(&self, plan: &mut SpawnPlan, cfg: ProcConfig) -> Result<Arc<Proc>, CoreError> {

@@ -279,6 +279,37 @@ fn waitid_leader(
     }
 }
 
+/// Runs `child` in a forked copy of this process and tells whether it returned true and
+/// the copy exited within `within` (a copy still running then, hung on a lock held at the
+/// fork, is killed and reaped).
+#[cfg(test)]
+pub(crate) fn passes_in_a_fork(within: Duration, child: impl FnOnce() -> bool) -> bool {
+    // SAFETY: the copy runs `child` and leaves with _exit, never returning into the test.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = i32::from(!child());
+        // SAFETY: leaves the forked copy without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = std::time::Instant::now() + within;
+    let mut status = 0;
+    loop {
+        // SAFETY: polls the child forked above.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: kills and reaps our own hung child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -148,3 +148,33 @@ fn missing_workdir_is_a_chdir_error() {
     }
     svc.dispose(false);
 }
+
+#[test]
+fn a_forked_copy_takes_no_lock_of_the_parents_service() {
+    let service = Service::new(std::env::temp_dir(), u64::MAX).expect("service");
+    // Threads of the harness hold the service's locks when it forks (the supervisor its
+    // live table and spill state as a call completes, a spawn the keeper's).
+    let held = (
+        lock(&service.shared.keeper),
+        lock(&service.shared.spill),
+        lock(&service.shared.live),
+    );
+    let scratch = std::path::Path::new("/nonexistent/shellseam-scratch");
+    let refused = crate::sys::passes_in_a_fork(Duration::from_secs(10), || {
+        service.note_scratch_dir(scratch);
+        service.forget_scratch_dir(scratch);
+        let quiet = service.ensure_spill_dir().is_none()
+            && service.spill_dir().is_none()
+            && service.running() == 0
+            && service.keeper_pid().is_none()
+            && !service.has_cgroups();
+        service.dispose(false);
+        quiet && service.is_disposed()
+    });
+    drop(held);
+    service.dispose(false);
+    assert!(
+        refused,
+        "the forked copy waited for a lock held at the fork"
+    );
+}
