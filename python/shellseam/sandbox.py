@@ -20,13 +20,13 @@ import functools
 import os
 import re
 import stat
-import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from . import service as native
+from ._forksafe import ForkSafeLock
 from .checks import config_bool
 from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, ShellError
 from .local import Confinement, LocalShellExecutor
@@ -139,7 +139,7 @@ def _without_exec_denial(tail: str) -> str:
 #: Real paths of every writable root pinned in this process (bounded): a symlink inside one
 #: of them, or inside a shared writable root, may have been planted by a confined command.
 _WRITABLE_REALS: set[str] = set()
-_WRITABLE_LOCK = threading.Lock()
+_WRITABLE_LOCK = ForkSafeLock()
 
 
 def _planted_link(path: str) -> str | None:
@@ -225,7 +225,7 @@ class _PinnedRoots:
     on that directory (so the identity can never be reused while the executor lives)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._known: dict[str, tuple[str, Identity]] = {}
         self._absent: set[str] = set()
         self._fds: dict[Identity, int] = {}
@@ -317,7 +317,7 @@ class _ServiceCache:
     the user's real caches: a poisoned cache would later run unconfined). Removed when
     the service is collected or the interpreter exits."""
 
-    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _lock: ClassVar[ForkSafeLock] = ForkSafeLock()
     _dirs: ClassVar[weakref.WeakKeyDictionary[SubprocessService, str]] = weakref.WeakKeyDictionary()
 
     @classmethod
@@ -347,7 +347,7 @@ class _ServiceCache:
 
 
 _protected = False
-_protect_lock = threading.Lock()
+_protect_lock = ForkSafeLock()
 
 
 def make_harness_non_dumpable() -> None:
@@ -385,7 +385,7 @@ class SandboxShellExecutor(LocalShellExecutor):
         self._pins = _PinnedRoots()
         self._spill_reals: dict[str, str] = {}
         self._rulesets: OrderedDict[object, Ruleset] = OrderedDict()
-        self._rulesets_lock = threading.Lock()
+        self._rulesets_lock = ForkSafeLock()
         self._confined_env = self._env_builder(_CONFINED_DROPS)
         self._cache_envs: dict[str, EnvBuilder] = {}
         self._prepared: dict[

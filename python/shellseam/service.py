@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Required, TypeAlias, TypedDict, Unpack, cast
 
 from . import _core
+from ._forksafe import ForkSafeLock
 from .abort import AbortSignal
 from .checks import (
     CHECKED_FIELDS,
@@ -494,7 +495,7 @@ class SubprocessService:
             self.spill_parent, self.max_spill_total_bytes, _keeper_command(), keep_spill
         )
         self.keep_spill = keep_spill
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = (
             weakref.WeakKeyDictionary()
         )
