@@ -387,10 +387,15 @@ impl CallContainment {
         if pgid <= 0 {
             return;
         }
-        let leader_held = self.held();
+        // The leader is charged while it is an unreaped zombie. `held` is also true when a
+        // stray `waitpid(-1)` reaped it while a member of its group lives on, and that member
+        // alone must not pass for the leader.
+        let leader_charged = self
+            .leader_fd()
+            .is_some_and(|fd| unreaped(fd, self.leader_pid));
         self.strays_looked_for = match self.cgroup.as_ref().and_then(CallCgroup::pids_charged) {
-            Some(tasks) => tasks > u64::from(leader_held),
-            None => !leader_held || !only_a_dead_leader(pgid),
+            Some(tasks) => tasks > u64::from(leader_charged),
+            None => !self.held() || !only_a_dead_leader(pgid),
         };
         if self.strays_looked_for {
             let tail = self.cgroup.as_ref().map(|cg| cgroup_tail(cg.path()));

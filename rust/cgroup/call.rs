@@ -379,9 +379,10 @@ impl CallCgroup {
         }
     }
 
-    /// Closes the call's directory and file fds (a cold cgroup holds none).
+    /// Closes the call's directory and file fds, its peak's too (a cold cgroup holds none).
     pub fn close(&mut self) {
         self.dirs().for_each(Dir::close);
+        self.peak = Peak::Unknown;
     }
 
     /// The child is spawned: clone3 put it in the v2 directory and it joined the v1
@@ -389,7 +390,8 @@ impl CallCgroup {
     /// (see `Dir`); what the call reads later opens its files again.
     pub fn shed(&mut self) {
         if !self.home {
-            self.close();
+            // The peak's fd stays: its reset holds for that open file only.
+            self.dirs().for_each(Dir::close);
         }
     }
 
@@ -598,6 +600,8 @@ mod tests {
         fs::set_permissions(&root.0, fs::Permissions::from_mode(0o755)).unwrap();
         let parent = Arc::new(super::super::open_dir(&root.0).unwrap());
         let dir = Dir::create(&parent, &root.0, "c0".into()).unwrap();
+        // Whatever the umask made of it: the test's thread must enter it.
+        fs::set_permissions(root.0.join("c0"), fs::Permissions::from_mode(0o755)).unwrap();
         let mut cg = CallCgroup {
             dir,
             memory: None,
@@ -642,6 +646,41 @@ mod tests {
             None,
             "an earlier call's peak is not this one's"
         );
+    }
+
+    #[test]
+    fn a_peak_fd_is_kept_through_the_call_and_closed_with_its_cgroup() {
+        // The reset holds for the open file that wrote it: shedding the cgroup's descriptors
+        // after the spawn keeps it, closing the cgroup (a spawn failure, a cgroup lost) does
+        // not leave it open until the cgroup is removed.
+        let root = TempTree(std::env::temp_dir().join(format!("peak-fd-{}", std::process::id())));
+        fs::create_dir(&root.0).unwrap();
+        let parent = Arc::new(super::super::open_dir(&root.0).unwrap());
+        let dir = Dir::create(&parent, &root.0, "c0".into()).unwrap();
+        fs::write(root.0.join("c0/memory.peak"), "0\n").unwrap();
+        let mut cg = CallCgroup {
+            dir,
+            memory: None,
+            pids: None,
+            v2_memory: true,
+            v2_pids: false,
+            applied: TreeLimits::default(),
+            killed: false,
+            use_memory: false,
+            use_pids: false,
+            home: false,
+            peak: Peak::Unknown,
+            fresh: false,
+            cpu_base: 0,
+            pids_max_base: 0,
+            oom_base: 0,
+        };
+        cg.apply(TreeLimits::default()).unwrap();
+        assert!(matches!(cg.peak, Peak::Since(_)));
+        cg.shed();
+        assert!(matches!(cg.peak, Peak::Since(_)), "shed after the spawn");
+        cg.close();
+        assert!(matches!(cg.peak, Peak::Unknown));
     }
 
     #[test]
