@@ -95,6 +95,20 @@ fn cpu_check_interval(cpu_ms: u64) -> Duration {
     Duration::from_millis((cpu_ms / 4).clamp(10, 250))
 }
 
+/// Whether a live member of session `sid` used more than `limit_usec` of CPU itself.
+fn session_member_over(sid: libc::pid_t, limit_usec: u64) -> bool {
+    // SAFETY: sysconf with a constant name has no preconditions.
+    let ticks_per_sec = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
+        t if t > 0 => t as u64,
+        _ => 100,
+    };
+    session_members(sid).1.iter().any(|m| {
+        crate::kill::stat_of(m.pid).is_some_and(|s| {
+            s.session == sid && s.cpu_ticks.saturating_mul(1_000_000) / ticks_per_sec > limit_usec
+        })
+    })
+}
+
 /// The containment state of one call, owned by its `ProcState`.
 pub(crate) struct CallContainment {
     /// The call's leader (its pidfd, from the clone until the call is done): its group is
@@ -159,20 +173,16 @@ impl CallContainment {
         if let (Some(v), false) = (limits.memory_bytes, tree_memory) {
             rlimits.push(ceiling(Resource::RLIMIT_AS, v, v));
         }
-        let cpu_limit_usec = match (limits.cpu_ms, cgroup.is_some()) {
-            (Some(ms), true) => Some(ms.saturating_mul(1000)),
-            (Some(ms), false) => {
-                // SIGXCPU at the soft limit (the status names it), SIGKILL a second later
-                // for a command that ignores it.
-                let secs = ms.div_ceil(1000).max(1);
-                rlimits.push(ceiling(Resource::RLIMIT_CPU, secs, secs + 1));
-                None
-            }
-            (None, _) => None,
-        };
+        if let (Some(ms), false) = (limits.cpu_ms, cgroup.is_some()) {
+            // Per process: SIGXCPU at the soft limit (the status names it), SIGKILL a second
+            // later for a command that ignores it. The rlimit counts whole seconds; the
+            // checks below (each member's own CPU time) keep a limit in milliseconds.
+            let secs = ms.div_ceil(1000).max(1);
+            rlimits.push(ceiling(Resource::RLIMIT_CPU, secs, secs + 1));
+        }
+        let cpu_limit_usec = limits.cpu_ms.map(|ms| ms.saturating_mul(1000));
         let next_cpu_check = limits
             .cpu_ms
-            .filter(|_| cpu_limit_usec.is_some())
             .map(|ms| Instant::now() + cpu_check_interval(ms));
         (
             Self {
@@ -426,15 +436,19 @@ impl CallContainment {
 
     /// Checks the CPU limit when a check is due.
     pub fn check_cpu(&mut self, now: Instant) -> CpuCheck {
-        let (Some(limit), Some(at), Some(cg)) =
-            (self.cpu_limit_usec, self.next_cpu_check, &self.cgroup)
-        else {
+        let (Some(limit), Some(at)) = (self.cpu_limit_usec, self.next_cpu_check) else {
             return CpuCheck::NotDue;
         };
         if now < at {
             return CpuCheck::NotDue;
         }
-        if cg.cpu_usec() > limit {
+        let over = match &self.cgroup {
+            Some(cg) => cg.cpu_usec() > limit,
+            // Without a cgroup the limit is per process (`enforcement="process"`): any
+            // member of the call's session past it.
+            None => self.leader_pid > 0 && session_member_over(self.leader_pid, limit),
+        };
+        if over {
             self.cpu_exceeded = true;
             self.next_cpu_check = None;
             return CpuCheck::Exceeded;

@@ -300,6 +300,8 @@ pub struct Stat {
     pub flags: u64,
     /// The process's threads; a zombie's main thread counts until the process is reaped.
     pub threads: u64,
+    /// Its own CPU time (user + system) in clock ticks, its children's not included.
+    pub cpu_ticks: u64,
 }
 
 impl Stat {
@@ -383,14 +385,18 @@ fn parse_stat(stat: &str) -> Option<Stat> {
     let session = fields.next()?.parse().ok()?;
     // tty_nr, tpgid, then flags.
     let flags = fields.nth(2)?.parse().ok()?;
-    // Ten fields (minflt to nice), then num_threads.
-    let threads = fields.nth(10)?.parse().ok()?;
+    // Four fault counters, then utime and stime.
+    let utime: u64 = fields.nth(4)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // cutime, cstime, priority, nice, then num_threads.
+    let threads = fields.nth(4)?.parse().ok()?;
     Some(Stat {
         state,
         pgrp,
         session,
         flags,
         threads,
+        cpu_ticks: utime.saturating_add(stime),
     })
 }
 
@@ -408,6 +414,7 @@ mod tests {
             session: 457,
             flags: 4194560,
             threads: 3,
+            cpu_ticks: 11,
         };
         assert_eq!(parse_stat(line), Some(stat));
         assert!(!stat.dead());

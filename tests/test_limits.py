@@ -310,6 +310,21 @@ def test_session_cpu_rlimit_is_detected(svc: SubprocessService, tmp_path: os.Pat
     assert r.resources is not None and r.resources.limit_exceeded == "cpu"
 
 
+def test_session_cpu_limit_holds_to_the_millisecond(
+    svc: SubprocessService, tmp_path: os.PathLike[str]
+) -> None:
+    # RLIMIT_CPU counts whole seconds: a 300 ms limit let a busy loop burn a full second
+    # while the marker quoted 300ms. Each member's own CPU time is checked as it runs.
+    ex = executor(svc, tmp_path, containment="session", limits=ResourceLimits(cpu_ms=300))
+    r = ex.run_sync(ex.resolve(ShellExecRequest(command="while :; do :; done")))
+    assert r.resources is not None and r.resources.limit_exceeded == "cpu"
+    assert r.signal == "SIGKILL"
+    assert 300 <= r.resources.cpu_ms < 800, r.resources
+    assert render_result(r).endswith(
+        "[killed: cpu limit of 300ms exceeded]\n[killed by signal: SIGKILL]"
+    )
+
+
 def test_background_handle_carries_resources(
     svc: SubprocessService, tmp_path: os.PathLike[str]
 ) -> None:
