@@ -589,6 +589,27 @@ mod tests {
         }
     }
 
+    /// A call's cgroup on a v2 memory controller in `dir` (a plain directory in tests).
+    fn v2_memory_call(dir: Dir, fresh: bool) -> CallCgroup {
+        CallCgroup {
+            dir,
+            memory: None,
+            pids: None,
+            v2_memory: true,
+            v2_pids: false,
+            applied: TreeLimits::default(),
+            killed: false,
+            use_memory: false,
+            use_pids: false,
+            home: false,
+            peak: Peak::Unknown,
+            fresh,
+            cpu_base: 0,
+            pids_max_base: 0,
+            oom_base: 0,
+        }
+    }
+
     #[test]
     fn a_peak_that_cannot_be_reset_costs_the_report_not_the_cgroup() {
         use std::os::unix::fs::PermissionsExt;
@@ -602,23 +623,7 @@ mod tests {
         let dir = Dir::create(&parent, &root.0, "c0".into()).unwrap();
         // Whatever the umask made of it: the test's thread must enter it.
         fs::set_permissions(root.0.join("c0"), fs::Permissions::from_mode(0o755)).unwrap();
-        let mut cg = CallCgroup {
-            dir,
-            memory: None,
-            pids: None,
-            v2_memory: true,
-            v2_pids: false,
-            applied: TreeLimits::default(),
-            killed: false,
-            use_memory: false,
-            use_pids: false,
-            home: false,
-            peak: Peak::Unknown,
-            fresh: true,
-            cpu_base: 0,
-            pids_max_base: 0,
-            oom_base: 0,
-        };
+        let mut cg = v2_memory_call(dir, true);
         cg.apply(TreeLimits::default())
             .expect("no memory.peak at all");
         assert_eq!(cg.usage().peak_memory_bytes, None);
@@ -658,23 +663,7 @@ mod tests {
         let parent = Arc::new(super::super::open_dir(&root.0).unwrap());
         let dir = Dir::create(&parent, &root.0, "c0".into()).unwrap();
         fs::write(root.0.join("c0/memory.peak"), "0\n").unwrap();
-        let mut cg = CallCgroup {
-            dir,
-            memory: None,
-            pids: None,
-            v2_memory: true,
-            v2_pids: false,
-            applied: TreeLimits::default(),
-            killed: false,
-            use_memory: false,
-            use_pids: false,
-            home: false,
-            peak: Peak::Unknown,
-            fresh: false,
-            cpu_base: 0,
-            pids_max_base: 0,
-            oom_base: 0,
-        };
+        let mut cg = v2_memory_call(dir, false);
         cg.apply(TreeLimits::default()).unwrap();
         assert!(matches!(cg.peak, Peak::Since(_)));
         cg.shed();
