@@ -102,11 +102,10 @@ fn session_member_over(sid: libc::pid_t, limit_usec: u64) -> bool {
         t if t > 0 => t as u64,
         _ => 100,
     };
-    session_members(sid).1.iter().any(|m| {
-        crate::kill::stat_of(m.pid).is_some_and(|s| {
-            s.session == sid && s.cpu_ticks.saturating_mul(1_000_000) / ticks_per_sec > limit_usec
-        })
-    })
+    session_members(sid)
+        .1
+        .iter()
+        .any(|m| m.cpu_ticks.saturating_mul(1_000_000) / ticks_per_sec > limit_usec)
 }
 
 /// The containment state of one call, owned by its `ProcState`.
@@ -217,9 +216,16 @@ impl CallContainment {
     /// in the harness, `SIGCHLD` ignored) and the group emptied: the number may then be
     /// anybody's, and nothing is done by number any more.
     pub fn held(&self) -> bool {
-        self.leader_fd().is_some_and(|fd| {
-            unreaped(fd, self.leader_pid) || signal_group_of(fd, 0).unwrap_or(false)
-        })
+        self.leader_unreaped()
+            || self
+                .leader_fd()
+                .is_some_and(|fd| signal_group_of(fd, 0).unwrap_or(false))
+    }
+
+    /// The leader is ours to reap: running, or a zombie nobody reaped (still charged).
+    fn leader_unreaped(&self) -> bool {
+        self.leader_fd()
+            .is_some_and(|fd| unreaped(fd, self.leader_pid))
     }
 
     fn leader_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -400,9 +406,7 @@ impl CallContainment {
         // The leader is charged while it is an unreaped zombie. `held` is also true when a
         // stray `waitpid(-1)` reaped it while a member of its group lives on, and that member
         // alone must not pass for the leader.
-        let leader_charged = self
-            .leader_fd()
-            .is_some_and(|fd| unreaped(fd, self.leader_pid));
+        let leader_charged = self.leader_unreaped();
         self.strays_looked_for = match self.cgroup.as_ref().and_then(CallCgroup::pids_charged) {
             Some(tasks) => tasks > u64::from(leader_charged),
             None => !self.held() || !only_a_dead_leader(pgid),

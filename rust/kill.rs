@@ -86,6 +86,8 @@ pub struct Member {
     pub live: bool,
     /// Outside the leader's group (`set -m` jobs, `setpgid(0, 0)`): a group signal misses it.
     pub outside: bool,
+    /// Its own CPU time when scanned (see `Stat::cpu_ticks`).
+    pub cpu_ticks: u64,
 }
 
 /// The members of a session that are not yet zombies, by scanning /proc: how many, and each
@@ -134,6 +136,7 @@ pub fn session_members(sid: libc::pid_t) -> (Members, Vec<Member>) {
             pid,
             live,
             outside: s.pgrp != sid,
+            cpu_ticks: s.cpu_ticks,
         });
     }
     (members, list)
