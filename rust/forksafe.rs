@@ -116,23 +116,16 @@ mod tests {
         let (r, w) = nix::unistd::pipe().expect("pipe");
         let tracked = ForkClosed::new(w);
         prepare();
-        // SAFETY: the child only makes async-signal-safe calls and _exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
+        let redirected = crate::sys::passes_in_a_fork(std::time::Duration::from_secs(10), || {
             child();
             // SAFETY: stat is plain old data; all-zero is valid and fstat overwrites it.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: fstat into a local.
             let ok = unsafe { libc::fstat(tracked.as_raw_fd(), &mut st) } == 0;
-            let is_char = st.st_mode & libc::S_IFMT == libc::S_IFCHR;
-            // SAFETY: leaves the forked test child without running the parent's destructors.
-            unsafe { libc::_exit(if ok && is_char { 0 } else { 1 }) };
-        }
+            ok && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+        });
         parent();
-        let mut status = 0;
-        // SAFETY: waits for the child forked above.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(redirected);
         drop(tracked);
         // The only write end is closed now: the read end sees EOF.
         let mut buf = [0u8; 1];

@@ -523,17 +523,10 @@ mod tests {
         let mut t = GroupTable::new(4).expect("memfd");
         assert!(t.insert(201, 9));
         let fd = t.file.as_raw_fd();
-        // SAFETY: the child only runs the table calls (pwrite, getpid) and exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let untouched = !t.insert(202, 9) && !t.remove(201);
-            // SAFETY: leaves the forked child at once.
-            unsafe { libc::_exit(if untouched { 0 } else { 1 }) };
-        }
-        let mut status = 0;
-        // SAFETY: reaps our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        let untouched = crate::sys::passes_in_a_fork(Duration::from_secs(10), || {
+            !t.insert(202, 9) && !t.remove(201)
+        });
+        assert!(untouched);
         assert_eq!(read_table(fd, 4), [(201, 9)]);
     }
 
