@@ -84,7 +84,8 @@ unsafe fn join(dir: RawFd, name: &[u8]) -> bool {
             libc::SYS_openat,
             dir,
             name.as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
+            // Never waiting on a file lease (see `cgroup::open_at`).
+            libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
         )
     };
     if fd < 0 {

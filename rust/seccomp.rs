@@ -11,7 +11,9 @@
 //!   namespaces (`unshare`, `setns`, `clone` with a namespace flag), `clone` with
 //!   `CLONE_PARENT` (its child would be the harness's, a zombie nobody reaps: `clone3`
 //!   answers `ENOSYS` so libc falls back to `clone`, whose flags the filter reads), and the
-//!   terminal ioctls `TIOCSTI` and `TIOCLINUX` (keystroke injection);
+//!   terminal ioctls `TIOCSTI` and `TIOCLINUX` (keystroke injection), and file leases
+//!   (`fcntl(F_SETLEASE)`: a uid-0 command owns root's files, and its lease on one holds
+//!   every open of that file for writing, the harness's own included, for 45 s);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
 //!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
 //!   generation);
@@ -120,6 +122,9 @@ const REFUSED_CLONE_FLAGS: u32 = (libc::CLONE_PARENT
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWCGROUP) as u32;
+
+/// `fcntl`'s command that takes a file lease (`F_SETLEASE`, the same on every architecture).
+const F_SETLEASE: u32 = libc::F_SETLEASE as u32;
 
 /// The socket type in `socket`/`socketpair`'s type argument (the rest are `SOCK_NONBLOCK`
 /// and `SOCK_CLOEXEC`).
@@ -374,6 +379,19 @@ fn action(nr: i64, policy: FilterPolicy, clone3: Clone3Rule) -> Vec<libc::sock_f
             stmt(BPF_RET_K, errno(libc::EPERM)),
         ];
     }
+    if nr == libc::SYS_fcntl {
+        // fcntl(fd, cmd, ...): no lease. A uid-0 command owns root's files, capabilities
+        // or not, and a read lease on one makes every open of it for writing wait out
+        // `fs.lease-break-time` (45 s): a command stalled the harness's setup of later calls
+        // on its pooled cgroups' files, and could stall any other process opening a file it
+        // can read (found by attacking; Landlock has no hook for leases).
+        return vec![
+            stmt(BPF_LD_W_ABS, off_arg_low(1)),
+            jump(BPF_JEQ_K, F_SETLEASE, 1, 0),
+            stmt(BPF_RET_K, RET_ALLOW),
+            stmt(BPF_RET_K, errno(libc::EPERM)),
+        ];
+    }
     if nr == libc::SYS_ioctl {
         // ioctl(fd, cmd, ...): the kernel truncates cmd to 32 bits, so comparing the low
         // word is exact.
@@ -411,6 +429,7 @@ fn singled_out(policy: FilterPolicy, clone3: Clone3Rule) -> Vec<(u32, Vec<libc::
     nrs.extend(OWN_PROCESS_ONLY);
     nrs.extend([
         libc::SYS_clone,
+        libc::SYS_fcntl,
         libc::SYS_ioctl,
         libc::SYS_setpriority,
         libc::SYS_ioprio_set,
@@ -778,6 +797,28 @@ mod tests {
             0,
             "10: no filter, 11: a guess passed, 12: the key failed"
         );
+    }
+
+    #[test]
+    fn every_mode_refuses_a_file_lease_and_no_other_fcntl() {
+        for read_only in [false, true] {
+            let prog = build(FilterPolicy {
+                read_only,
+                deny_sockets: false,
+            });
+            let fcntl = libc::SYS_fcntl as u32;
+            assert_eq!(run(&prog, AUDIT_ARCH, fcntl, [3, F_SETLEASE]), EPERM);
+            for cmd in [
+                libc::F_GETLEASE,
+                libc::F_SETFL,
+                libc::F_SETFD,
+                libc::F_DUPFD_CLOEXEC,
+                libc::F_SETLK,
+                libc::F_SETPIPE_SZ,
+            ] {
+                assert_eq!(run(&prog, AUDIT_ARCH, fcntl, [3, cmd as u32]), RET_ALLOW);
+            }
+        }
     }
 
     #[test]

@@ -4,11 +4,13 @@ caches, honest denials)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import glob
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -507,6 +509,101 @@ def test_no_signal_leaves_the_domain(box: dict[str, str], svc: SubprocessService
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- file leases: no command stalls the harness ---------------------------------------------
+
+LEASE_ALL = py("""
+    import errno, fcntl, glob, os, signal, sys, time
+    signal.signal(signal.SIGIO, signal.SIG_IGN)
+    held, refused = [], set()
+    for path in sys.argv[1:]:
+        for f in sorted(glob.glob(path)):
+            try:
+                fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+                held.append(fd)
+            except OSError as e:
+                refused.add(errno.errorcode[e.errno])
+                os.close(fd)
+    print(len(held), *sorted(refused), flush=True)
+    if held:
+        time.sleep(60)
+""")
+
+
+def _lease_targets(pattern_pid: int) -> list[str]:
+    return [
+        f"/sys/fs/cgroup/{h}/shellseam-{pattern_pid}-*/c*/*" for h in ("unified", "pids", "memory")
+    ]
+
+
+@pytest.mark.parametrize("mode", ["workspace-write", "read-only"])
+def test_a_confined_command_cannot_take_a_file_lease(
+    box: dict[str, str], svc: SubprocessService, mode: str
+) -> None:
+    # A read lease on a file a command owns (a uid-0 command owns root's files, its
+    # capabilities dropped or not) makes every open of that file for writing wait out
+    # fs.lease-break-time (45 s): the harness's own opens of its pooled cgroups' files
+    # included. Landlock has no hook for leases; the filter refuses F_SETLEASE.
+    with open(os.path.join(box["ws"], "mine"), "w") as f:
+        f.write("x\n")
+    r = run(sandbox(box, svc, mode), f"{LEASE_ALL} {box['ws']}/mine")
+    assert r.stdout.text.split("\n")[0] == "0 EPERM", r.stderr.text
+
+
+@needs_root
+@pytest.mark.parametrize("leaser", ["confined", "unconfined"])
+def test_leases_on_the_pooled_cgroups_never_stall_a_call(
+    box: dict[str, str], svc: SubprocessService, leaser: str
+) -> None:
+    # Attack found by the red team: a background command took read leases on the files of
+    # the service's idle pooled cgroups; the next calls' setup opened them for writing and
+    # hung 45 s each, spawner threads included, far past every timeout. Confined, the lease
+    # is refused; an unconfined root command (which could move itself out of its cgroup
+    # anyway, README) still gets its lease, and the harness's open fails at once instead.
+    ex = sandbox(box, svc)
+    spec = ex.resolve(ShellExecRequest(command="sleep 0.3; echo ran", timeout_ms=5000))
+
+    async def burst(n: int) -> list[str]:
+        results = await asyncio.gather(*(ex.run(spec) for _ in range(n)))
+        return [r.stdout.text for r in results]
+
+    assert asyncio.run(burst(6)) == ["ran\n"] * 6  # six cgroups in the pool, idle now
+    targets = _lease_targets(os.getpid())
+    if not any(glob.glob(t) for t in targets):
+        pytest.skip("no cgroup per call on this host")
+    if leaser == "confined":
+        proc = ex.start(ex.resolve(ShellExecRequest(command=f"{LEASE_ALL} {' '.join(targets)}")))
+        try:
+            deadline = time.monotonic() + 10
+            first = ""
+            while "\n" not in first and time.monotonic() < deadline:
+                first += proc.read_output().delta
+                time.sleep(0.05)
+            assert first.startswith("0 EPERM"), first
+            started = time.monotonic()
+            assert asyncio.run(burst(6)) == ["ran\n"] * 6
+            assert time.monotonic() - started < 10
+        finally:
+            proc.kill()
+        return
+    holder = subprocess.Popen(
+        [*shlex.split(LEASE_ALL), *targets], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        held = holder.stdout.readline().split()
+        assert held and int(held[0]) > 0, held
+        started = time.monotonic()
+        assert asyncio.run(burst(6)) == ["ran\n"] * 6
+        assert time.monotonic() - started < 10
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 # -- network=False: no way to a unix socket --------------------------------------------------

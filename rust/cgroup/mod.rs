@@ -82,10 +82,14 @@ pub(super) fn mkdir_at(dir: RawFd, name: &str) -> io::Result<()> {
     }
 }
 
+/// Opens `name` under `dir`, never waiting: with `O_NONBLOCK` a file lease that conflicts
+/// fails the open with `EWOULDBLOCK` at once. Without it, a lease a root command took on
+/// a pooled cgroup's file held the setup of a later call (a spawner thread, a caller) for
+/// `fs.lease-break-time`, 45 s, far past its timeout (found by attacking).
 pub(super) fn open_at(dir: RawFd, name: &str, flags: libc::c_int) -> io::Result<fs::File> {
     let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: openat relative to a directory fd we hold, with a NUL-terminated name.
-    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -239,7 +239,7 @@ impl ServiceCgroups {
 
     /// A cgroup for a new call with `limits` applied: the warm one when it is free.
     pub fn acquire(&self, limits: TreeLimits) -> io::Result<CallCgroup> {
-        let mut cg = {
+        let cg = {
             let mut home = lock(&self.home);
             match std::mem::replace(&mut *home, Home::InUse) {
                 Home::Idle(cg) => *cg,
@@ -263,26 +263,54 @@ impl ServiceCgroups {
                 }
             }
         };
-        if let Err(e) = cg.open().and_then(|()| cg.apply(limits)) {
-            self.release(cg);
-            return Err(e);
+        let reused = !cg.fresh;
+        // Opens the v1 `tasks` files the child joins through now (held for the spawn), so
+        // that a cgroup whose files cannot be opened is replaced here.
+        let ready = |mut cg: CallCgroup| match cg
+            .open()
+            .and_then(|()| cg.apply(limits))
+            .and_then(|()| cg.join_fds().map(drop))
+        {
+            Ok(()) => Ok(cg),
+            Err(e) => {
+                self.release(cg);
+                Err(e)
+            }
+        };
+        match ready(cg) {
+            // A cgroup an earlier call ran in may have a file another process holds a lease
+            // on (an unconfined root command can take one; the open then fails at once
+            // rather than wait, see `open_at`): a new cgroup has none.
+            Err(_) if reused => ready(self.create()?),
+            done => done,
         }
-        Ok(cg)
     }
 
-    /// A cgroup from the pool (or a new one) made warm.
+    /// A cgroup from the pool (or a new one) made warm; a pooled one that cannot be (see
+    /// `acquire`) is removed and a new one made.
     fn new_home(&self) -> io::Result<CallCgroup> {
         let pooled = lock(&self.pool).pop();
         let mut cg = match pooled {
-            Some(cg) => cg,
-            None => self.create()?,
+            Some(mut cg) => match cg.warm() {
+                Ok(()) => cg,
+                Err(_) => {
+                    remove(cg);
+                    self.warm_new()?
+                }
+            },
+            None => self.warm_new()?,
         };
+        cg.trim(); // what `create` read for its baselines
+        cg.home = true;
+        Ok(cg)
+    }
+
+    fn warm_new(&self) -> io::Result<CallCgroup> {
+        let mut cg = self.create()?;
         if let Err(e) = cg.warm() {
             remove(cg);
             return Err(e);
         }
-        cg.trim(); // what `create` read for its baselines
-        cg.home = true;
         Ok(cg)
     }
 
