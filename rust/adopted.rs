@@ -146,6 +146,9 @@ pub(crate) fn reap_strays(
 pub(crate) struct Adopted {
     /// Whose zombies, until when, and until when at most while the owner has members.
     pending: Vec<(Owner, Instant, Instant)>,
+    /// Leaders of settled calls that a tracer outside the call still holds (pidfd, pid):
+    /// reaped by pidfd, so never another's child, once the tracer lets go or dies.
+    leaders: Vec<(OwnedFd, libc::pid_t)>,
 }
 
 /// Whether a call's process group still has members (zombies included).
@@ -168,10 +171,23 @@ impl Adopted {
         self.reap(now)
     }
 
+    /// A settled call's leader that a tracer still holds: reaped as soon as it can be.
+    /// False when that is now.
+    pub fn hold_leader(&mut self, leader: OwnedFd, pid: libc::pid_t, now: Instant) -> bool {
+        self.leaders.push((leader, pid));
+        self.reap(now)
+    }
+
     /// One scan; true while something is still pending.
     pub fn reap(&mut self, now: Instant) -> bool {
+        self.leaders.retain(|(fd, pid)| {
+            matches!(
+                crate::sys::reap_leader(fd.as_fd(), *pid, false),
+                crate::sys::Reaped::Running
+            )
+        });
         if self.pending.is_empty() {
-            return false;
+            return !self.leaders.is_empty();
         }
         for pid in zombie_children() {
             if self.pending.iter().any(|(owner, _, _)| belongs(pid, owner)) {
@@ -181,7 +197,7 @@ impl Adopted {
         self.pending.retain(|(owner, until, at_most)| {
             *until > now || (*at_most > now && group_has_members(owner))
         });
-        !self.pending.is_empty()
+        !self.pending.is_empty() || !self.leaders.is_empty()
     }
 }
 

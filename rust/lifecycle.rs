@@ -180,7 +180,9 @@ pub(crate) fn reap_leader(proc: &Proc, st: &mut ProcState) {
 }
 
 /// Reaps the zombie leader once its group has been dealt with (rusage comes with it).
-fn release_leader(contain: &CallContainment, leader: &mut Option<LeaderExit>) {
+/// True when it could not be: a tracer that outlives the call (one that left a
+/// session-contained call's session) still holds it, and the service reaps it later.
+fn release_leader(contain: &CallContainment, leader: &mut Option<LeaderExit>) -> bool {
     // What the exit is if the reap gets no status.
     let unreaped = match *leader {
         // Reaped by someone else meanwhile: the status was already read.
@@ -190,13 +192,16 @@ fn release_leader(contain: &CallContainment, leader: &mut Option<LeaderExit>) {
         }
         // A tracer still holds the zombie, or reaped it when it let go.
         Some(LeaderExit::Traced) => LeaderExit::Unknown,
-        _ => return,
+        _ => return false,
     };
-    *leader = Some(match contain.reap_leader() {
+    let reaped = contain.reap_leader();
+    let held = matches!(reaped, Reaped::Running);
+    *leader = Some(match reaped {
         // For a traced leader: the tracer let go (it was killed with the call).
         Reaped::Exited(status, usage) => LeaderExit::Status(status, usage),
         _ => unreaped,
     });
+    held
 }
 
 fn pipes_closed(st: &ProcState) -> bool {

@@ -327,7 +327,7 @@ impl Service {
         }) {
             Ok(child) => child,
             Err(err) => {
-                self.shared.end_containment(0, &mut contain, |_| {});
+                self.shared.end_containment(0, &mut contain, |_| false);
                 return Err(err.into());
             }
         };
@@ -440,7 +440,7 @@ impl Service {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.shared
-            .end_containment(proc.pid, &mut st.contain, |_| {});
+            .end_containment(proc.pid, &mut st.contain, |_| false);
     }
 
     /// Registers a new process's pipes and pidfd with epoll; `defer`: only their routes,

@@ -33,7 +33,7 @@ from containment_helpers import (
     wait_gone,
 )
 
-from conftest import run
+from conftest import proc_stats, run
 from shellseam import (
     AbortController,
     LocalShellExecutor,
@@ -664,6 +664,17 @@ def test_a_traced_shell_does_not_hold_its_call(
         # Session containment does not follow setsid: the tracer holds the zombie on.
         assert r.exit_status_unknown
     kill_marked()
+    # Once the tracer is gone, the zombie leader goes back to the harness, which reaps it:
+    # no zombie of a call stays (it stayed for good before).
+    deadline = time.monotonic() + 5
+    while own_zombies() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert own_zombies() == []
+
+
+def own_zombies() -> list[int]:
+    me = os.getpid()
+    return [pid for pid, state, ppid, _ in proc_stats() if state == "Z" and ppid == me]
 
 
 # Found by attacking: a job counted when the timeout's SIGTERM reached it outside the shell's

@@ -123,7 +123,7 @@ impl Shared {
         &self,
         pgid: libc::pid_t,
         contain: &mut CallContainment,
-        release_leader: impl FnOnce(&CallContainment),
+        release_leader: impl FnOnce(&CallContainment) -> bool,
     ) {
         if let Some((fd, key)) = contain.events.take() {
             self.unwatch(&fd, key);
@@ -134,8 +134,18 @@ impl Shared {
         if contain.cgroup.is_none() {
             self.tell_keeper(|k| k.ungroup(pgid));
         }
-        release_leader(contain);
+        let traced = release_leader(contain);
         let leader = contain.leader.take();
+        if let (true, Some(fd)) = (traced, &leader) {
+            // A tracer outside the call holds the zombie leader: reaped once it lets go,
+            // so that no zombie of the call stays with the harness.
+            if let Ok(fd) = fd.try_clone() {
+                let now = Instant::now();
+                if lock(&self.adopted).hold_leader(fd, contain.leader_pid, now) {
+                    self.add_timer(now + RESCAN, 0, true);
+                }
+            }
+        }
         let (held, coming) = contain.left_behind();
         let owner = match contain.cgroup.take() {
             Some(mut cg) => {
