@@ -290,13 +290,7 @@ fn procs_below(dir: &Path) -> Vec<libc::pid_t> {
     let mut pids = fs::read_to_string(dir.join("cgroup.procs"))
         .map(|t| crate::cgroup::procs(&t))
         .unwrap_or_default();
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                pids.extend(procs_below(&entry.path()));
-            }
-        }
-    }
+    pids.extend(crate::cgroup::procs_below(dir));
     pids
 }
 

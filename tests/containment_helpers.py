@@ -28,6 +28,15 @@ ESCAPERS: dict[str, str] = {
         f"{PY} -c 'import os; os.setpgid(0, 0); "
         'os.execvp("sleep", ["sleep", "300"])\' > /dev/null 2>&1 &'
     ),
+    # A cgroup below the call's (any process may make one in a cgroup its user owns, as a
+    # nested container runtime does), and a process moved into it. Found by attacking: it
+    # was not in the call cgroup's own cgroup.procs, so never counted nor killed.
+    "child cgroup": (
+        "m=$(awk '$3==\"cgroup2\"{print $2; exit}' /proc/mounts); "
+        'cg="$m$(sed -n "s/^0:://p" /proc/self/cgroup)"; mkdir "$cg/inner" && '
+        "setsid -f sh -c 'echo $$ > \"$1/inner/cgroup.procs\"; exec sleep 300' sh \"$cg\" "
+        "> /dev/null 2>&1"
+    ),
 }
 
 

@@ -111,6 +111,17 @@ impl Dir {
         out
     }
 
+    /// Whether cgroups were made below this one (see `CallCgroup::members`); a directory
+    /// that cannot be looked at counts as having some.
+    fn has_children(&self) -> bool {
+        nix::sys::stat::fstatat(
+            &*self.parent,
+            self.leaf.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_or(true, |st| st.st_nlink > 2)
+    }
+
     /// The whole of a small cgroup file, read from offset 0 of its held fd.
     pub(super) fn read(&self, name: &'static str) -> io::Result<String> {
         self.with_file(name, libc::O_RDONLY, read_whole)
@@ -215,6 +226,8 @@ pub struct CallCgroup {
     pub(super) peak: Peak,
     /// No call ran in the cgroup yet (made for this one).
     pub(super) fresh: bool,
+    /// A command made cgroups below this one (seen by `members`): never reused.
+    pub(super) nested: std::cell::Cell<bool>,
     pub(super) cpu_base: u64,
     pub(super) pids_max_base: u64,
     pub(super) oom_base: u64,
@@ -498,12 +511,27 @@ impl CallCgroup {
         })
     }
 
-    /// Live members (zombies are not listed by cgroup v2).
+    /// Live members (zombies are not listed by cgroup v2), in the cgroup and in any a
+    /// command made below it (any process may make one in a cgroup its user owns, as a
+    /// nested container runtime does; found by attacking: a process moved there was never
+    /// counted nor killed). Those are looked for only when the directory's link count,
+    /// 2 plus its subdirectories on kernfs, says there are some: one `fstatat`.
     pub fn members(&self) -> Vec<libc::pid_t> {
-        self.dir
+        let mut pids = self
+            .dir
             .read("cgroup.procs")
             .map(|t| super::procs(&t))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if self.nested.get() || self.dir.has_children() {
+            self.nested.set(true);
+            pids.extend(super::procs_below(&self.dir.path));
+        }
+        pids
+    }
+
+    /// Whether `members` found cgroups below this one.
+    pub fn nested(&self) -> bool {
+        self.nested.get()
     }
 
     /// Whether any process is still in the cgroup.
@@ -604,6 +632,7 @@ mod tests {
             home: false,
             peak: Peak::Unknown,
             fresh,
+            nested: std::cell::Cell::new(false),
             cpu_base: 0,
             pids_max_base: 0,
             oom_base: 0,

@@ -19,7 +19,7 @@ mod service;
 
 pub use call::{rearm_events, CallCgroup};
 pub use hierarchy::{hierarchy, Hierarchy};
-pub use service::{remove_tree, ServiceCgroups};
+pub use service::ServiceCgroups;
 
 use std::ffi::CString;
 use std::fs;
@@ -140,6 +140,53 @@ pub(super) fn keyed(text: &str, key: &str) -> Option<u64> {
 /// The pids a `cgroup.procs` text lists.
 pub(crate) fn procs(text: &str) -> Vec<libc::pid_t> {
     text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// At most this many cgroups below a call's are looked into (a command may make a deep or
+/// wide tree of them; the walk is iterative and bounded, never recursive).
+const SUBTREE_MAX: usize = 4096;
+
+/// The cgroups below `dir` (not `dir` itself), parents before children, at most
+/// `SUBTREE_MAX`.
+pub(crate) fn cgroups_below(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut next = 0;
+    let mut from = dir.to_path_buf();
+    loop {
+        if let Ok(entries) = fs::read_dir(&from) {
+            for entry in entries.flatten() {
+                if found.len() >= SUBTREE_MAX {
+                    return found;
+                }
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    found.push(entry.path());
+                }
+            }
+        }
+        let Some(path) = found.get(next) else {
+            return found;
+        };
+        from = path.clone();
+        next += 1;
+    }
+}
+
+/// The processes of every cgroup below `dir` (see `cgroups_below`).
+pub(crate) fn procs_below(dir: &Path) -> Vec<libc::pid_t> {
+    cgroups_below(dir)
+        .iter()
+        .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|t| procs(&t))
+        .collect()
+}
+
+/// Removes `dir` and every cgroup below it, children first (rmdir refuses a cgroup that has
+/// children or processes: those stay).
+pub fn remove_tree(dir: &Path) {
+    for d in cgroups_below(dir).iter().rev() {
+        let _ = fs::remove_dir(d);
+    }
+    let _ = fs::remove_dir(dir);
 }
 
 #[cfg(test)]

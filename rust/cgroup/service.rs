@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::call::{Dir, Peak};
-use super::{lock, open_dir, CallCgroup, Hierarchy, TreeLimits};
+use super::{lock, open_dir, remove_tree, CallCgroup, Hierarchy, TreeLimits};
 
 /// Idle cgroups kept per service for reuse; more are removed when they come back.
 const POOL_MAX: usize = 64;
@@ -229,6 +229,7 @@ impl ServiceCgroups {
             use_pids: false,
             peak: Peak::Unknown,
             fresh: true,
+            nested: std::cell::Cell::new(false),
             cpu_base: 0,
             pids_max_base: 0,
             oom_base: 0,
@@ -321,6 +322,7 @@ impl ServiceCgroups {
     pub fn reusable(&self, cg: &CallCgroup, emptied: bool) -> bool {
         emptied
             && !cg.killed
+            && !cg.nested()
             && cg
                 .memory_charged()
                 .is_none_or(|bytes| bytes <= self.idle_charge)
@@ -406,7 +408,8 @@ fn remove(cg: CallCgroup) {
         .collect();
     drop(cg);
     for p in paths {
-        let _ = fs::remove_dir(p);
+        // A command may have made cgroups below its call's.
+        remove_tree(&p);
     }
 }
 
@@ -432,17 +435,6 @@ fn sweep_stale(dir: &Path) {
 }
 
 /// rmdir of a cgroup subtree, children first (cgroup dirs hold only virtual files).
-pub fn remove_tree(dir: &Path) {
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(&entry.path());
-            }
-        }
-    }
-    let _ = fs::remove_dir(dir);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
