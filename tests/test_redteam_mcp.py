@@ -79,6 +79,16 @@ def tool_call(request_id: int, arguments: bytes) -> bytes:
         (b"\xff\xfe{", None, -32700),
         (b'{"id": 9, "hello": 1}', 9, -32600),
         (b"[1, 2]", None, -32600),
+        # A null id (MCP forbids it): the SDK took it for a notification and never
+        # answered, so the client waited forever (red team).
+        (b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}', None, -32600),
+        (
+            tool_call(0, b'{"command":"echo x","description":"d"}').replace(
+                b'"id":0', b'"id":null'
+            ),
+            None,
+            -32600,
+        ),
     ],
 )
 def test_every_malformed_message_gets_an_error_reply(
@@ -148,3 +158,29 @@ def test_a_long_line_under_the_limit_still_runs(wire: Wire) -> None:
     wire.send(tool_call(43, b'{"command":"printf %%s %s | wc -c","description":"d"}' % payload))
     reply = wire.reply(60)
     assert reply["result"]["content"][0]["text"] == f"{len(payload)}\n[exit code: 0]"
+
+
+def test_a_file_on_stdin_gets_the_same_replies(tmp_path: Path) -> None:
+    # Found by attacking: with a regular file on stdin the SDK read it itself, and its bad
+    # lines got no reply at all.
+    workdir, home = tmp_path / "ws", tmp_path / "home"
+    workdir.mkdir()
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(
+        _INITIALIZE
+        + b"{not json\n"
+        + b'{"jsonrpc":"2.0","id":null,"method":"tools/list"}\n'
+        + b'{"jsonrpc":"2.0","id":2,"method":"ping"}\n'
+    )
+    command = [sys.executable, "-m", "shellseam.cli", "mcp", "--workdir", str(workdir)]
+    with requests.open("rb") as stdin:
+        done = subprocess.run(
+            [*command, "--home", str(home)], stdin=stdin, capture_output=True, timeout=60
+        )
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    # The wire answers a bad line at once, the SDK a good one when it gets to it.
+    errors = sorted(r["error"]["code"] for r in replies if r.get("id") is None)
+    assert errors == [-32700, -32600], replies
+    answered = {r["id"]: r for r in replies if r.get("id") is not None}
+    assert sorted(answered) == [1, 2], replies
+    assert "serverInfo" in answered[1]["result"] and answered[2]["result"] == {}

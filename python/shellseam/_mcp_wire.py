@@ -75,6 +75,11 @@ def check_line(line: bytes) -> tuple[str | None, str | None]:
     if has_id and request_id is None:  # a float, bool, array or object id: no usable id
         reason = "Invalid Request: id must be a string or an integer"
         return None, error_line(INVALID_REQUEST, reason)
+    if isinstance(message, dict) and "method" in message and "id" in message and not has_id:
+        # A request with a null id (MCP forbids it): the SDK would take it for a
+        # notification and never answer it.
+        reason = "Invalid Request: id must be a string or an integer"
+        return None, error_line(INVALID_REQUEST, reason)
     try:
         json.dumps(message, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -131,10 +136,22 @@ class StdoutLines(anyio.AsyncFile[str]):
             view = view[os.write(self._fd, view) :]
 
 
+class _FileReader:
+    """A regular file on fd 0, read on a worker thread: such a read never waits for a
+    writer, and the file is not made non-blocking (that would change it for every other
+    process sharing it)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    async def read(self, n: int) -> bytes:
+        return await anyio.to_thread.run_sync(os.read, self._fd, n)
+
+
 class StdinLines(anyio.AsyncFile[str]):
     """The client's requests: checked lines read by the event loop (see the module doc)."""
 
-    def __init__(self, reader: asyncio.StreamReader, out: StdoutLines) -> None:
+    def __init__(self, reader: asyncio.StreamReader | _FileReader, out: StdoutLines) -> None:
         super().__init__(io.StringIO())
         self._reader = reader
         self._out = out
@@ -185,16 +202,17 @@ class StdinLines(anyio.AsyncFile[str]):
 
 @asynccontextmanager
 async def stdio_wire() -> AsyncIterator[tuple[StdinLines | None, StdoutLines]]:
-    """Checked stdin lines (None when fd 0 is not a pipe or socket: the SDK reads it) and the
-    line writer; fd 1 is diverted to stderr while serving and restored after.
+    """Checked stdin lines (None when fd 0 is a terminal or no file: the SDK reads it) and
+    the line writer; fd 1 is diverted to stderr while serving and restored after.
 
-    Only pipes and sockets are read through the loop: making a terminal or file non-blocking
-    would change it for every other process sharing it.
+    Pipes and sockets are read through the loop, a regular file on a worker thread: making
+    a terminal or file non-blocking would change it for every other process sharing it.
     """
     wire_fd = os.dup(1)
     os.dup2(2, 1)
     out = StdoutLines(wire_fd)
     transport: asyncio.BaseTransport | None = None
+    file_fd: int | None = None
     try:
         try:
             mode = os.fstat(0).st_mode
@@ -210,9 +228,14 @@ async def stdio_wire() -> AsyncIterator[tuple[StdinLines | None, StdoutLines]]:
                 lambda: asyncio.StreamReaderProtocol(reader), pipe
             )
             lines = StdinLines(reader, out)
+        elif stat.S_ISREG(mode):
+            file_fd = os.dup(0)
+            lines = StdinLines(_FileReader(file_fd), out)
         yield lines, out
     finally:
         if transport is not None:
             transport.close()
+        if file_fd is not None:
+            os.close(file_fd)
         os.dup2(wire_fd, 1)
         os.close(wire_fd)
