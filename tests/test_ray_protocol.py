@@ -773,6 +773,11 @@ def test_read_spill_streams_the_nodes_own_file_in_chunks(
     assert world.ex.read_spill(path) == expected
     assert world.ex.read_spill(path, offset=10, size=2500) == expected[10:2510]
     assert world.ex.read_spill(path, offset=len(expected) + 5) == b""
+    # Found by attacking: offsets past what the kernel takes raised a bare OSError (EINVAL)
+    # and OverflowError from the node's pread. Past the end of the file is the end.
+    for offset in (2**63 - 1, 2**63, 2**80):
+        assert world.ex.read_spill(path, offset=offset) == b""
+        assert world.ex.read_spill(path, offset=offset, size=10) == b""
 
 
 def test_read_spill_refuses_anything_but_its_own_files(world: World, tmp_path: Any) -> None:

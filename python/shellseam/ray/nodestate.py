@@ -545,8 +545,12 @@ class NodeState:
         except OSError as err:
             raise ShellError("INVALID_REQUEST", f"cannot open {path}: {err.strerror}") from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise refused
+            if offset >= info.st_size:
+                # The end (an offset past what pread takes would raise, not read nothing).
+                return b""
             return os.pread(fd, min(size, SPILL_CHUNK_BYTES), offset)
         finally:
             os.close(fd)
