@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import select
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -184,3 +185,25 @@ def test_a_file_on_stdin_gets_the_same_replies(tmp_path: Path) -> None:
     answered = {r["id"]: r for r in replies if r.get("id") is not None}
     assert sorted(answered) == [1, 2], replies
     assert "serverInfo" in answered[1]["result"] and answered[2]["result"] == {}
+
+
+def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path: Path) -> None:
+    # Found by attacking: `ray.init` retried an address nothing listens on for minutes,
+    # printing Ray's log lines, and SIGTERM did not end it.
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a loopback port surely closed: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        command = [sys.executable, "-m", "shellseam.cli", "mcp", "--ray-address", address]
+        done = subprocess.run(
+            [*command, "--workdir", str(tmp_path), "--home", str(tmp_path / "home")],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+    assert done.returncode == 125
+    assert done.stdout == b""
+    assert done.stderr.decode().endswith(
+        f"REMOTE_UNAVAILABLE: cannot reach the Ray cluster at {address}: Connection refused\n"
+    )
+    assert done.stderr.count(b"\n") == 1, done.stderr

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import socket
 from types import ModuleType
 from typing import Any
 
+from .errors import REMOTE_UNAVAILABLE, ShellError
 from .executor import ShellExecutor
 from .local import LocalShellExecutor
 from .process import ShellProcess
@@ -108,6 +110,27 @@ def _ray_executor(mode: SandboxMode | None, address: str, config: dict[str, Any]
     ray = require_extra("ray", extra="ray", feature=feature)
     backend = require_extra("shellseam.ray", extra="ray", feature=feature)
     if not ray.is_initialized():
+        _check_reachable(address)
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     executor: ShellExecutor = backend.RayShellExecutor(mode=mode, **config)
     return executor
+
+
+#: How long the cluster's address may take to accept a connection.
+_REACH_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuses a ``host:port`` (or ``ray://host:port``) address nothing listens on, at once:
+    ``ray.init`` retried such an address for minutes, deaf to SIGTERM (found by attacking).
+    Other forms (``auto``, ``local``) are Ray's to resolve."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), _REACH_TIMEOUT_S).close()
+    except (OSError, OverflowError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ShellError(
+            REMOTE_UNAVAILABLE, f"cannot reach the Ray cluster at {address}: {reason}"
+        ) from None
