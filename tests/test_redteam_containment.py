@@ -197,6 +197,72 @@ def test_confined_command_cannot_touch_the_keeper(
         del os.environ["SHELLSEAM_RT_SECRET_TOKEN"]
 
 
+# Attack (red team, stop 32): an unconfined command runs as the harness's user, so it can
+# kill the keeper (a process of that user), then anything it leaves behind outlives a harness
+# that dies afterwards. The sandbox refuses the kill (above); unconfined, it is open.
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an unconfined command can kill the keeper, and its processes then outlive "
+    "a harness that dies after it",
+)
+def test_unconfined_command_cannot_kill_the_keeper(box: dict[str, str]) -> None:
+    marker = os.path.join(box["ws"], "left")
+    command = (
+        "kill -9 $KEEPER; setsid -f sh -c 'echo $$ > left; exec sleep 60'; "
+        "echo $$ > left.shell; sleep 60"
+    )
+    script = os.path.join(box["base"], "harness.py")
+    with open(script, "w") as f:
+        f.write(
+            "import sys\n"
+            "from shellseam import LocalShellExecutor, ShellExecRequest\n"
+            "ex = LocalShellExecutor(cwd=sys.argv[1])\n"
+            "ex.run_sync(ex.resolve(ShellExecRequest(command='true')))\n"
+            "env = {'KEEPER': str(ex.service.keeper_pid)}\n"
+            "ex.run_sync(ex.resolve(ShellExecRequest(command=sys.argv[2], env=env)))\n"
+        )
+    harness = subprocess.Popen([PY, script, box["ws"], command])
+    pid = shell = None
+    try:
+        pid = read_pid(marker, within_s=20)
+        shell = read_pid(f"{marker}.shell")
+        harness.kill()
+        harness.wait()
+        time.sleep(1.5)  # the keeper's "about a second"
+        assert not process_alive(pid), "a process outlived its harness"
+    finally:
+        kill_quietly(pid)
+        if shell is not None:  # the call's own group (its shell and sleep) outlived it too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell, signal.SIGKILL)
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+
+
+# Attack (red team, stop 32): the call's cgroup files belong to the harness's user, so an
+# unconfined command of that user raises its own limits (`echo max > pids.max`).
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: an unconfined command can raise its own call cgroup's limits",
+)
+def test_unconfined_command_cannot_raise_its_own_limits(
+    box: dict[str, str], svc: SubprocessService
+) -> None:
+    ex = LocalShellExecutor(
+        cwd=box["ws"], grace_ms=300, service=svc, limits=ResourceLimits(max_processes=10)
+    )
+    raise_limit = "for f in /sys/fs/cgroup/*/$(sed -n 's/^[0-9]*:pids://p' /proc/self/cgroup)"
+    r = run(
+        ex,
+        f"{raise_limit}/pids.max; do echo max > $f; done 2>/dev/null; "
+        "for i in $(seq 30); do sleep 2 & done; wait",
+    )
+    assert r.resources is not None
+    assert r.resources.limit_exceeded == "processes"
+
+
 # Attack (red team, stop 17): Landlock has no hook for prlimit64, so a confined command set
 # the harness's RLIMIT_CPU to 1 s (the harness was killed a second later), the keeper's
 # RLIMIT_NOFILE to 0 (it could no longer kill a dead harness's commands) and a sibling's.
