@@ -336,6 +336,9 @@ def test_no_network_takes_tcp_away(tmp_path: Path) -> None:
         ("--max-processes", "-3"),
         ("--cpu-ms", "1e3"),
         ("--cpu-ms", str(2**63)),
+        # Only ASCII digits, as the sizes take (int() took these; red team).
+        ("--max-processes", "\u0661"),
+        ("--cpu-ms", "1_000"),
     ],
 )
 def test_bad_limit_values_are_usage_errors(args: tuple[str, str]) -> None:

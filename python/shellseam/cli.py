@@ -81,10 +81,10 @@ def _size_arg(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected an integer") from None
+    # ASCII digits only, as sizes take: int() also takes other scripts' digits and "1_000".
+    if re.fullmatch(r"[0-9]+", text.strip(), re.ASCII) is None:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected an integer")
+    value = int(text)
     if not 0 < value <= MAX_LIMIT:
         raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be a positive integer")
     return value
