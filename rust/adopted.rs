@@ -28,7 +28,9 @@ const LINGER: Duration = Duration::from_millis(500);
 /// members: under load a killed orphan can take longer than `LINGER` to become a zombie.
 const LINGER_GROUP: Duration = Duration::from_secs(5);
 /// How often, meanwhile.
-pub(crate) const RESCAN: Duration = Duration::from_millis(20);
+const RESCAN: Duration = Duration::from_millis(20);
+/// How often a leader a tracer still holds is tried (for as long as the tracer holds it).
+const LEADER_RESCAN: Duration = Duration::from_millis(250);
 
 /// Whose zombies to reap.
 #[derive(Debug)]
@@ -149,6 +151,8 @@ pub(crate) struct Adopted {
     /// Leaders of settled calls that a tracer outside the call still holds (pidfd, pid):
     /// reaped by pidfd, so never another's child, once the tracer lets go or dies.
     leaders: Vec<(OwnedFd, libc::pid_t)>,
+    /// When the rescan timer already armed fires (one chain of timers, never one per wake).
+    armed: Option<Instant>,
 }
 
 /// Whether a call's process group still has members (zombies included).
@@ -161,34 +165,69 @@ fn group_has_members(owner: &Owner) -> bool {
 
 impl Adopted {
     /// A call settled: reap its late zombies now and for a moment. Only for an `owner` whose
-    /// zombies may still come, or any owner of a subreaper harness; false when nothing is
-    /// pending.
-    pub fn settled(&mut self, owner: Owner, may_come: bool, now: Instant) -> bool {
+    /// zombies may still come, or any owner of a subreaper harness. Returns when to arm the
+    /// rescan timer (see `reap`).
+    pub fn settled(&mut self, owner: Owner, may_come: bool, now: Instant) -> Option<Instant> {
         if !may_come && !is_subreaper() {
-            return false;
+            return None;
         }
         self.pending.push((owner, now + LINGER, now + LINGER_GROUP));
         self.reap(now)
     }
 
     /// A settled call's leader that a tracer still holds: reaped as soon as it can be.
-    /// False when that is now.
-    pub fn hold_leader(&mut self, leader: OwnedFd, pid: libc::pid_t, now: Instant) -> bool {
+    /// Returns when to arm the rescan timer (see `reap`).
+    pub fn hold_leader(
+        &mut self,
+        leader: OwnedFd,
+        pid: libc::pid_t,
+        now: Instant,
+    ) -> Option<Instant> {
         self.leaders.push((leader, pid));
+        self.armed = None; // scan now
         self.reap(now)
     }
 
-    /// One scan; true while something is still pending.
-    pub fn reap(&mut self, now: Instant) -> bool {
+    /// One scan, unless only held leaders are left and their scan is not due. Returns when
+    /// to arm the rescan timer: None while nothing is pending or the armed one comes soon
+    /// enough.
+    pub fn reap(&mut self, now: Instant) -> Option<Instant> {
+        if self.pending.is_empty() && self.armed.is_some_and(|at| now < at) {
+            return None;
+        }
         self.leaders.retain(|(fd, pid)| {
             matches!(
                 crate::sys::reap_leader(fd.as_fd(), *pid, false),
                 crate::sys::Reaped::Running
             )
         });
-        if self.pending.is_empty() {
-            return !self.leaders.is_empty();
+        if !self.pending.is_empty() {
+            self.reap_pending(now);
         }
+        let next = if !self.pending.is_empty() {
+            now + RESCAN
+        } else if !self.leaders.is_empty() {
+            now + LEADER_RESCAN
+        } else {
+            self.armed = None;
+            return None;
+        };
+        match self.armed {
+            Some(at) if now < at && at <= next => None,
+            _ => {
+                self.armed = Some(next);
+                Some(next)
+            }
+        }
+    }
+
+    /// Whether anything is still looked after.
+    #[cfg(test)]
+    fn pending(&self) -> bool {
+        !self.pending.is_empty() || !self.leaders.is_empty()
+    }
+
+    fn reap_pending(&mut self, now: Instant) {
         for pid in zombie_children() {
             if self.pending.iter().any(|(owner, _, _)| belongs(pid, owner)) {
                 reap(pid);
@@ -197,7 +236,6 @@ impl Adopted {
         self.pending.retain(|(owner, until, at_most)| {
             *until > now || (*at_most > now && group_has_members(owner))
         });
-        !self.pending.is_empty() || !self.leaders.is_empty()
     }
 }
 
@@ -263,21 +301,23 @@ mod tests {
         assert!(fd >= 0);
         // SAFETY: a new descriptor nothing else owns.
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) };
-        assert!(adopted.settled(Owner::Group(member, fd), true, start));
+        assert!(adopted
+            .settled(Owner::Group(member, fd), true, start)
+            .is_some());
         let late = start + LINGER + Duration::from_millis(100);
+        adopted.reap(late);
         assert!(
-            adopted.reap(late),
+            adopted.pending(),
             "a live member keeps the group looked after"
         );
         // SAFETY: kills our own child.
         unsafe { libc::kill(member, libc::SIGKILL) };
         until_zombie(member);
-        assert!(!adopted.reap(late), "its zombie reaped, the group is done");
+        assert!(adopted.reap(late).is_none());
+        assert!(!adopted.pending(), "its zombie reaped, the group is done");
         assert!(stat_of(member).is_none(), "reaped");
-        assert!(
-            !adopted.reap(start + LINGER_GROUP),
-            "never past LINGER_GROUP"
-        );
+        adopted.reap(start + LINGER_GROUP);
+        assert!(!adopted.pending(), "never past LINGER_GROUP");
     }
 
     #[test]

@@ -348,6 +348,12 @@ impl CallContainment {
                         None => {}
                     }
                 }
+                // Past the walk's bound, a process in a cgroup far below is in no list:
+                // the kernel's `populated` counts the whole subtree (and `cgroup.kill`
+                // takes it).
+                if !alive && cg.nested() && cg.populated() {
+                    alive = true;
+                }
                 self.emptied = !alive;
                 (new, alive)
             }
@@ -370,7 +376,9 @@ impl CallContainment {
     pub fn any_alive(&mut self, pgid: libc::pid_t) -> bool {
         match &self.cgroup {
             Some(cg) => {
-                let alive = cg.populated() && cg.members().into_iter().any(crate::kill::not_dead);
+                // A populated subtree may hold members the bounded walk did not list.
+                let alive = cg.populated()
+                    && (cg.members().into_iter().any(crate::kill::not_dead) || cg.nested());
                 self.emptied = !alive;
                 alive
             }

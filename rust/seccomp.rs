@@ -12,7 +12,7 @@
 //!   `CLONE_PARENT` (its child would be the harness's, a zombie nobody reaps: `clone3`
 //!   answers `ENOSYS` so libc falls back to `clone`, whose flags the filter reads), and the
 //!   terminal ioctls `TIOCSTI` and `TIOCLINUX` (keystroke injection), and file leases
-//!   (`fcntl(F_SETLEASE)`: a uid-0 command owns root's files, and its lease on one holds
+//!   (`fcntl(F_SETLEASE)`, and `F_SETDELEG`: a uid-0 command owns root's files, and its lease on one holds
 //!   every open of that file for writing, the harness's own included, for 45 s);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
 //!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
@@ -125,6 +125,8 @@ const REFUSED_CLONE_FLAGS: u32 = (libc::CLONE_PARENT
 
 /// `fcntl`'s command that takes a file lease (`F_SETLEASE`, the same on every architecture).
 const F_SETLEASE: u32 = libc::F_SETLEASE as u32;
+/// `fcntl`'s command that takes a file delegation (`F_LINUX_SPECIFIC_BASE + 16`, Linux 6.19).
+const F_SETDELEG: u32 = 1024 + 16;
 
 /// The socket type in `socket`/`socketpair`'s type argument (the rest are `SOCK_NONBLOCK`
 /// and `SOCK_CLOEXEC`).
@@ -385,9 +387,11 @@ fn action(nr: i64, policy: FilterPolicy, clone3: Clone3Rule) -> Vec<libc::sock_f
         // `fs.lease-break-time` (45 s): a command stalled the harness's setup of later calls
         // on its pooled cgroups' files, and could stall any other process opening a file it
         // can read (found by attacking; Landlock has no hook for leases).
+        // `F_SETDELEG` (Linux 6.19+) takes the same kind of hold through a delegation.
         return vec![
             stmt(BPF_LD_W_ABS, off_arg_low(1)),
-            jump(BPF_JEQ_K, F_SETLEASE, 1, 0),
+            jump(BPF_JEQ_K, F_SETLEASE, 2, 0),
+            jump(BPF_JEQ_K, F_SETDELEG, 1, 0),
             stmt(BPF_RET_K, RET_ALLOW),
             stmt(BPF_RET_K, errno(libc::EPERM)),
         ];
@@ -808,6 +812,7 @@ mod tests {
             });
             let fcntl = libc::SYS_fcntl as u32;
             assert_eq!(run(&prog, AUDIT_ARCH, fcntl, [3, F_SETLEASE]), EPERM);
+            assert_eq!(run(&prog, AUDIT_ARCH, fcntl, [3, F_SETDELEG]), EPERM);
             for cmd in [
                 libc::F_GETLEASE,
                 libc::F_SETFL,

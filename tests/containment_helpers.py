@@ -34,7 +34,7 @@ ESCAPERS: dict[str, str] = {
     "child cgroup": (
         "m=$(awk '$3==\"cgroup2\"{print $2; exit}' /proc/mounts); "
         'cg="$m$(sed -n "s/^0:://p" /proc/self/cgroup)"; mkdir "$cg/inner" && '
-        'setsid -f sh -c \'echo $$ > "$1/inner/cgroup.procs"; exec sleep 300\' sh "$cg" '
+        'setsid -f sh -c \'echo $$ > "$1/inner/cgroup.procs" || exit; exec sleep 300\' sh "$cg" '
         "> /dev/null 2>&1"
     ),
 }

@@ -25,7 +25,7 @@ from typing import NoReturn
 from . import __version__
 from . import service as _service
 from .checks import LIMIT_FIELDS
-from .errors import ShellError
+from .errors import INVALID_REQUEST, ShellError
 from .factory import MissingExtra, require_extra
 from .limits import containment_report
 from .local import LocalShellExecutor
@@ -438,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MissingExtra as err:
         return fail(EXIT_USAGE, str(err))
     except ShellError as err:  # e.g. `mcp --ray-address` of a cluster that is not there
-        return fail(EXIT_INFRASTRUCTURE, str(err))
+        return fail(EXIT_USAGE if err.code == INVALID_REQUEST else EXIT_INFRASTRUCTURE, str(err))
     except KeyboardInterrupt:
         return 128 + 2
     except BrokenPipeError:

@@ -534,6 +534,12 @@ impl CallCgroup {
         self.nested.get()
     }
 
+    /// Whether cgroups are below this one now (a process that made one may have exited
+    /// since `members` looked): one `fstatat`.
+    pub fn has_children(&self) -> bool {
+        self.dir.has_children()
+    }
+
     /// Whether any process is still in the cgroup.
     pub fn populated(&self) -> bool {
         self.dir

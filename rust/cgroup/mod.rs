@@ -171,20 +171,30 @@ pub(crate) fn cgroups_below(dir: &Path) -> Vec<std::path::PathBuf> {
     }
 }
 
-/// The processes of every cgroup below `dir` (see `cgroups_below`).
+/// The processes of every cgroup below `dir` (see `cgroups_below`). Never waits on a lease
+/// (see `open_at`: a command owns the files of a cgroup it made).
 pub(crate) fn procs_below(dir: &Path) -> Vec<libc::pid_t> {
     cgroups_below(dir)
         .iter()
-        .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+        .filter_map(|d| read_at(libc::AT_FDCWD, &d.join("cgroup.procs").to_string_lossy()).ok())
         .flat_map(|t| procs(&t))
         .collect()
 }
 
 /// Removes `dir` and every cgroup below it, children first (rmdir refuses a cgroup that has
-/// children or processes: those stay).
+/// children or processes: those stay). Pass after pass while one removes something, for a
+/// tree larger than one walk takes.
 pub fn remove_tree(dir: &Path) {
-    for d in cgroups_below(dir).iter().rev() {
-        let _ = fs::remove_dir(d);
+    loop {
+        let below = cgroups_below(dir);
+        let removed = below
+            .iter()
+            .rev()
+            .filter(|d| fs::remove_dir(d).is_ok())
+            .count();
+        if below.is_empty() || removed == 0 {
+            break;
+        }
     }
     let _ = fs::remove_dir(dir);
 }

@@ -323,6 +323,7 @@ impl ServiceCgroups {
         emptied
             && !cg.killed
             && !cg.nested()
+            && !cg.has_children()
             && cg
                 .memory_charged()
                 .is_none_or(|bytes| bytes <= self.idle_charge)
@@ -434,7 +435,6 @@ fn sweep_stale(dir: &Path) {
     }
 }
 
-/// rmdir of a cgroup subtree, children first (cgroup dirs hold only virtual files).
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::ffi::CString;
 use std::time::Instant;
 
 use super::{Shared, Source};
-use crate::adopted::{Owner, RESCAN};
+use crate::adopted::Owner;
 use crate::cgroup::{hierarchy, CallCgroup, ServiceCgroups};
 use crate::contain::{cgroup_tail, CallContainment};
 use crate::keeper::Keeper;
@@ -141,8 +141,8 @@ impl Shared {
             // so that no zombie of the call stays with the harness.
             if let Ok(fd) = fd.try_clone() {
                 let now = Instant::now();
-                if lock(&self.adopted).hold_leader(fd, contain.leader_pid, now) {
-                    self.add_timer(now + RESCAN, 0, true);
+                if let Some(at) = lock(&self.adopted).hold_leader(fd, contain.leader_pid, now) {
+                    self.add_timer(at, 0, true);
                 }
             }
         }
@@ -173,16 +173,16 @@ impl Shared {
             },
         };
         let now = Instant::now();
-        if lock(&self.adopted).settled(owner, coming, now) {
-            self.add_timer(now + RESCAN, 0, true);
+        if let Some(at) = lock(&self.adopted).settled(owner, coming, now) {
+            self.add_timer(at, 0, true);
         }
     }
 
     /// Looks again for adopted zombies of settled calls (subreaper harnesses only).
     pub(super) fn reap_adopted(&self) {
         let now = Instant::now();
-        if lock(&self.adopted).reap(now) {
-            self.add_timer(now + RESCAN, 0, false);
+        if let Some(at) = lock(&self.adopted).reap(now) {
+            self.add_timer(at, 0, false);
         }
     }
 
