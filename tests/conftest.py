@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from shellseam import LocalShellExecutor, ShellExecRequest, ShellRunResult, SubprocessService
+from shellseam import (
+    LocalShellExecutor,
+    ShellExecRequest,
+    ShellProcess,
+    ShellRunResult,
+    SubprocessService,
+)
 
 HELPERS = os.path.join(os.path.dirname(__file__), "helpers")
 
@@ -56,3 +63,13 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2] not in ("Z", "X")
+
+
+def first_line(proc: ShellProcess, within_s: float = 10.0) -> str:
+    """What a background process printed up to its first newline (or all of it by then)."""
+    deadline = time.monotonic() + within_s
+    out = ""
+    while "\n" not in out and time.monotonic() < deadline:
+        out += proc.read_output().delta
+        time.sleep(0.02)
+    return out

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import process_alive, run
+from conftest import first_line, process_alive, run
 from shellseam import (
     LocalShellExecutor,
     ResourceLimits,
@@ -311,12 +311,7 @@ def test_confined_command_cannot_reschedule_another_process(
     ex = sandbox(box, svc, mode="read-only")
     sibling = ex.start(ex.resolve(ShellExecRequest(command="echo $$; exec sleep 30")))
     try:
-        deadline = time.monotonic() + 5
-        out = ""
-        while "\n" not in out and time.monotonic() < deadline:
-            out += sibling.read_output().delta
-            time.sleep(0.02)
-        victim = int(out)
+        victim = int(first_line(sibling, within_s=5))
         affinity = os.sched_getaffinity(victim)
         niceness = os.getpriority(os.PRIO_PROCESS, victim)  # the test run's own (CI may nice)
         # (PRIO_USER, every process of the user, is refused too: seccomp.rs tests it; trying

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run
+from conftest import first_line, run
 from shellseam import (
     SandboxPolicy,
     SandboxShellExecutor,
@@ -582,11 +582,7 @@ def test_leases_on_the_pooled_cgroups_never_stall_a_call(
     if leaser == "confined":
         proc = ex.start(ex.resolve(ShellExecRequest(command=f"{LEASE_ALL} {' '.join(targets)}")))
         try:
-            deadline = time.monotonic() + 10
-            first = ""
-            while "\n" not in first and time.monotonic() < deadline:
-                first += proc.read_output().delta
-                time.sleep(0.05)
+            first = first_line(proc)
             assert first.startswith("0 EPERM"), first
             started = time.monotonic()
             assert asyncio.run(burst(6)) == ["ran\n"] * 6
