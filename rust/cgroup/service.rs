@@ -409,8 +409,11 @@ fn remove(cg: CallCgroup) {
         .collect();
     drop(cg);
     for p in paths {
-        // A command may have made cgroups below its call's.
-        remove_tree(&p);
+        // A command may have made cgroups below its call's: only then is the tree walked
+        // (a walk holds a directory fd for a moment; a plain rmdir holds none).
+        if fs::remove_dir(&p).is_err() {
+            remove_tree(&p);
+        }
     }
 }
 
