@@ -12,8 +12,9 @@
 //!   `CLONE_PARENT` (its child would be the harness's, a zombie nobody reaps: `clone3`
 //!   answers `ENOSYS` so libc falls back to `clone`, whose flags the filter reads), and the
 //!   terminal ioctls `TIOCSTI` and `TIOCLINUX` (keystroke injection), and file leases
-//!   (`fcntl(F_SETLEASE)`, and `F_SETDELEG`: a uid-0 command owns root's files, and its lease on one holds
-//!   every open of that file for writing, the harness's own included, for 45 s);
+//!   (`fcntl(F_SETLEASE)`, and `F_SETDELEG`: a uid-0 command owns root's files, and its
+//!   lease on one holds every open of that file for writing, the harness's own included,
+//!   for 45 s);
 //! - `read-only`: every metadata write (`chmod`/`chown`/`utime` families, xattr writes,
 //!   `file_setattr`, and the ioctls that set inode flags, extended attributes or the inode
 //!   generation);
