@@ -549,3 +549,12 @@ def test_attack_a_command_that_reaches_the_channel_without_the_token_runs_nothin
     assert not pwned.exists()
     assert ex.run_sync(spec(ex, "echo still")).stdout.text == "still\n"
     assert ex.link.transport().channel_open  # type: ignore[attr-defined]
+
+
+def test_the_address_probe_accepts_a_real_cluster(cluster: LocalCluster) -> None:
+    # The probe that refuses a non-Ray address before `ray.init` (test_redteam_mcp.py) asks
+    # for gRPC's first frame: the cluster's GCS must pass it.
+    from shellseam.factory import _check_reachable
+
+    _check_reachable(cluster.cluster.address)
+    _check_reachable(f"ray://{cluster.cluster.address}")

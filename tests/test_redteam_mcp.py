@@ -11,6 +11,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -205,5 +206,73 @@ def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path: Path) -> None:
     assert done.stdout == b""
     assert done.stderr.decode().endswith(
         f"REMOTE_UNAVAILABLE: cannot reach the Ray cluster at {address}: Connection refused\n"
+    )
+    assert b"Traceback" not in done.stderr
+
+
+class _FakeServer:
+    """A loopback TCP server that accepts and then stays silent, or answers one fixed reply
+    and closes: something that listens on the address but is not a Ray cluster."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.reply = reply
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.reply is None:
+                self.held.append(conn)
+            else:
+                with conn:
+                    conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (None, "no answer as a Ray (gRPC) server within 5 s"),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", "not a Ray (gRPC) server"),
+        (b"", "not a Ray (gRPC) server"),
+    ],
+    ids=["silent", "http1", "closes"],
+)
+def test_a_ray_address_that_is_not_a_ray_cluster_is_one_line(
+    tmp_path: Path, reply: bytes | None, reason: str
+) -> None:
+    # Found by attacking: an address that accepts TCP but is not Ray passed the reachability
+    # check, and `ray.init` then waited on it for minutes (5 min here before SIGTERM ended it).
+    pytest.importorskip("ray")
+    server = _FakeServer(reply)
+    try:
+        command = [sys.executable, "-m", "shellseam.cli", "mcp", "--ray-address", server.address]
+        done = subprocess.run(
+            [*command, "--workdir", str(tmp_path), "--home", str(tmp_path / "home")],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        server.close()
+    assert done.returncode == 125, done.stderr
+    assert done.stdout == b""
+    assert done.stderr.decode().endswith(
+        f"REMOTE_UNAVAILABLE: cannot reach the Ray cluster at {server.address}: {reason}\n"
     )
     assert b"Traceback" not in done.stderr

@@ -116,21 +116,47 @@ def _ray_executor(mode: SandboxMode | None, address: str, config: dict[str, Any]
     return executor
 
 
-#: How long the cluster's address may take to accept a connection.
+#: How long the cluster's address may take to accept a connection, and then to answer.
 _REACH_TIMEOUT_S = 5.0
+
+#: An HTTP/2 client's connection preface and an empty SETTINGS frame. A Ray address (the GCS,
+#: or a Ray client server for ``ray://``) is a gRPC server: it answers with a SETTINGS frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4
 
 
 def _check_reachable(address: str) -> None:
-    """Refuses a ``host:port`` (or ``ray://host:port``) address nothing listens on, at once:
-    ``ray.init`` retried such an address for minutes, deaf to SIGTERM (found by attacking).
-    Other forms (``auto``, ``local``) are Ray's to resolve."""
+    """Refuses a ``host:port`` (or ``ray://host:port``) address that is not a Ray cluster, at
+    once: ``ray.init`` retried an address nothing listens on, or one where something else
+    listens, for minutes, deaf to SIGTERM (both found by attacking). The probe connects and
+    asks for an HTTP/2 SETTINGS frame, what any gRPC server sends first; with Ray's TLS on
+    (``RAY_USE_TLS``) only the connection is checked. Other forms (``auto``, ``local``) are
+    Ray's to resolve."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit() or not host:
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), _REACH_TIMEOUT_S).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), _REACH_TIMEOUT_S)
     except (OSError, OverflowError, ValueError) as err:
         reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
-        raise ShellError(
-            REMOTE_UNAVAILABLE, f"cannot reach the Ray cluster at {address}: {reason}"
-        ) from None
+    else:
+        with sock:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            reason = _grpc_refusal(sock)
+        if reason is None:
+            return
+    raise ShellError(REMOTE_UNAVAILABLE, f"cannot reach the Ray cluster at {address}: {reason}")
+
+
+def _grpc_refusal(sock: socket.socket) -> str | None:
+    """Why the server on ``sock`` is not a gRPC server, or None when it answers as one."""
+    try:
+        sock.settimeout(_REACH_TIMEOUT_S)
+        sock.sendall(_H2_PREFACE)
+        head = sock.recv(9, socket.MSG_WAITALL)
+    except TimeoutError:
+        return f"no answer as a Ray (gRPC) server within {_REACH_TIMEOUT_S:g} s"
+    except OSError:
+        return "not a Ray (gRPC) server"
+    return None if len(head) == 9 and head[3] == _H2_SETTINGS else "not a Ray (gRPC) server"
