@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import platform
 import select
 import shutil
 import socket
@@ -238,6 +239,97 @@ def test_1_symlinked_roots_that_widen_nothing_still_resolve(
         )
         assert spec.sandbox_policy is not None
         assert spec.sandbox_policy.workspace_root == real
+
+
+#: A confined command that swaps two entries of a directory as fast as it can
+#: (`renameat2(RENAME_EXCHANGE)`, x86-64 syscall 316): a directory and a symlink out.
+_FLIPPER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b, until = sys.argv[1].encode(), sys.argv[2].encode(), time.monotonic() + float(sys.argv[3])
+print("flipping", flush=True)
+while time.monotonic() < until:
+    for _ in range(500):
+        libc.syscall(316, -100, a, -100, b, 2)
+"""
+
+
+@pytest.mark.parametrize("swapped", ["root", "parent"])
+def test_1_a_root_swapped_while_it_is_first_pinned_never_pins_where_the_link_leads(
+    box: dict[str, str], svc: SubprocessService, swapped: str
+) -> None:
+    # Found by attacking: a root's first pin looked at the path three times (realpath, a
+    # walk of lstats, open). A command flipping a directory and a symlink under /tmp made
+    # the three see different things: 9-20 % of fresh executors pinned the symlink's target
+    # (a directory nobody may write) as session B's workspace, or ~/.cache/shellseam (the
+    # spill directory) under a /tmp name that passed the spill check; a raw OSError (EINVAL
+    # from realpath) escaped resolve on many others. Now: one walk on held directory fds.
+    if platform.machine() != "x86_64":
+        pytest.skip("the flipper calls renameat2 by its x86-64 number")
+    arena = os.path.join(box["ws_parent"], "arena")
+    os.mkdir(arena)
+    flip_a, flip_b = os.path.join(arena, "d"), os.path.join(arena, "l")
+    if swapped == "root":  # the workspace itself flips between a directory and a link
+        os.mkdir(flip_a)
+        os.symlink(box["protected"], flip_b)
+        victim = flip_a
+    else:  # a directory on the way to it flips, with a same-named directory past the link
+        os.makedirs(os.path.join(flip_a, "sub"))
+        os.mkdir(os.path.join(box["protected"], "sub"))
+        os.symlink(box["protected"], flip_b)
+        victim = os.path.join(flip_a, "sub")
+    outside = {
+        (st.st_dev, st.st_ino)
+        for st in (os.stat(box["protected"]), os.stat(os.path.join(box["protected"], ".")))
+    }
+    if swapped == "parent":
+        outside.add(_ident(os.path.join(box["protected"], "sub")))
+    attacker = sandbox(box, svc)
+    flipper = attacker.start(
+        attacker.resolve(ShellExecRequest(command=f"{py(_FLIPPER)} {flip_a} {flip_b} 4"))
+    )
+    tally = {"refused": 0, "pinned inside": 0}
+    escaped: list[str] = []
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            victim_ex = sandbox(box, svc)  # a fresh executor: nothing pinned yet
+            request = ShellExecRequest(
+                command="true",
+                sandbox_policy=SandboxPolicy(mode="workspace-write", workspace_root=victim),
+            )
+            try:
+                spec = victim_ex.resolve(request)
+            except ShellError as err:
+                assert err.code == "SANDBOX_UNAVAILABLE", err
+                tally["refused"] += 1
+                continue
+            except OSError as err:
+                escaped.append(repr(err))
+                continue
+            root = spec.sandbox_policy.workspace_root  # type: ignore[union-attr]
+            pinned = victim_ex._pins._known.get(victim)
+            if _inside(root, box["protected"]) or (pinned and pinned[1] in outside):
+                escaped.append(f"pinned {root} {pinned}")
+            else:
+                tally["pinned inside"] += 1
+    finally:
+        flipper.kill()
+        flipper.wait_sync(10)
+    assert escaped == [], (len(escaped), escaped[:5], tally)
+    assert tally["refused"] + tally["pinned inside"] > 50, tally
+    assert sorted(os.listdir(box["protected"])) == (
+        ["file"] if swapped == "root" else ["file", "sub"]
+    )
+
+
+def _ident(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def test_1_relative_and_non_absolute_roots_are_invalid(

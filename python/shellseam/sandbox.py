@@ -23,7 +23,7 @@ import stat
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from . import service as native
 from ._forksafe import ForkSafeLock
@@ -142,33 +142,107 @@ _WRITABLE_REALS: set[str] = set()
 _WRITABLE_LOCK = ForkSafeLock()
 
 
-def _planted_link(path: str) -> str | None:
-    """The first symlink on ``path`` that sits in a directory confined commands may write (a
-    shared writable root, or a writable root pinned in this process) and leads out of the
-    shared writable roots: any earlier command could have planted it, so following it would
-    let that command decide what a later call may write. A link that stays within ``/tmp``
-    or ``/dev/shm`` grants nothing every workspace-write call does not have. None when there
-    is no such link."""
+#: Symlinks one walk follows before it gives up (the kernel's own bound: ELOOP past it).
+_MAX_LINKS = 40
+_WALK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Walked(NamedTuple):
+    fd: int  #: O_PATH on what the path named during the walk (the caller closes it)
+    followed: bool  #: a symlink was followed on the way
+    planted: str | None  #: the first planted link on the way (see ``_walk``), if any
+
+
+class _LeavesLink(NamedTuple):
+    """On the walk's stack below a followed link's target: once the target is walked, the
+    walk is where that link led."""
+
+    link: str
+    planted: bool
+
+
+def _fd_path(fd: int) -> str:
+    """The kernel's path of what ``fd`` is open on."""
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def _realpath(path: str) -> str:
+    """``realpath`` of a root that is not there (to name it): a command swapping a symlink
+    under it made ``realpath`` raise EINVAL out of ``resolve`` (found by attacking)."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        raise _refuse(f"workspace root changed: {path}") from None
+
+
+def _identity(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino)
+
+
+def _walk(path: str, *, writable: bool) -> _Walked | None:
+    """Opens ``path`` as the kernel resolves it, one component at a time from held directory
+    fds (``openat`` with ``O_NOFOLLOW``, symlinks read with ``readlinkat`` on the link's own
+    fd), so every check looks at the objects the final fd was reached through. A path looked
+    at three times (``realpath``, a walk of ``lstat``s, ``open``) let a confined command that
+    swapped a directory and a symlink under /tmp decide what the three saw: the link's
+    target got pinned as a writable root (found by attacking). None when nothing is there.
+
+    For a ``writable`` root, ``planted`` names the first symlink that sits in a directory
+    confined commands may write (a shared writable root, or a writable root pinned in this
+    process) and leads out of the shared writable roots: any earlier command could have
+    planted it, so following it would let that command decide what a later call may write.
+    A link that stays within ``/tmp`` or ``/dev/shm`` grants nothing every workspace-write
+    call does not have."""
     with _WRITABLE_LOCK:
-        writable = [*_SHARED_REALS, *_WRITABLE_REALS]
-    current = "/"
-    for part in os.path.normpath(path).split("/"):
-        if not part:
-            continue
-        candidate = os.path.join(current, part)
-        try:
-            st = os.lstat(candidate)
-        except OSError:
-            return None  # nothing (or nothing reachable) there: nothing to follow
-        if stat.S_ISLNK(st.st_mode):
-            target = os.path.realpath(candidate)
-            planted = any(_inside(current, root) for root in writable)
-            if planted and not any(_inside(target, root) for root in _SHARED_REALS):
-                return candidate
-            current = target
-        else:
-            current = candidate
-    return None
+        writable_reals = [*_SHARED_REALS, *_WRITABLE_REALS] if writable else []
+    stack: list[str | _LeavesLink] = [part for part in reversed(path.split("/")) if part]
+    fd = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
+    links, followed, planted = 0, False, None
+    try:
+        while stack:
+            part = stack.pop()
+            if isinstance(part, _LeavesLink):
+                if part.planted and planted is None:
+                    led_to = _fd_path(fd)
+                    if not any(_inside(led_to, root) for root in _SHARED_REALS):
+                        planted = part.link
+                continue
+            if part == ".":
+                continue
+            try:
+                nxt = os.open(part, _WALK_FLAGS, dir_fd=fd)
+            except OSError:
+                os.close(fd)
+                return None
+            try:
+                is_link = stat.S_ISLNK(os.fstat(nxt).st_mode)
+                target = os.readlink("", dir_fd=nxt) if is_link else ""
+            except OSError:
+                os.close(nxt)
+                os.close(fd)
+                return None
+            if not is_link:
+                os.close(fd)
+                fd = nxt
+                continue
+            os.close(nxt)
+            links += 1
+            if links > _MAX_LINKS or not target:
+                os.close(fd)
+                return None
+            followed = True
+            here = _fd_path(fd)
+            in_writable = any(_inside(here, root) for root in writable_reals)
+            stack.append(_LeavesLink(os.path.join(here, part), in_writable))
+            stack.extend(step for step in reversed(target.split("/")) if step)
+            if target.startswith("/"):
+                top = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
+                os.close(fd)
+                fd = top
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Walked(fd, followed, planted)
 
 
 #: Kernel interface filesystems a writable root must never lie on: writing there moves
@@ -248,36 +322,43 @@ class _PinnedRoots:
         return self._pin_first(path, writable)
 
     def _pin_first(self, path: str, writable: bool) -> tuple[str, Identity] | None:
-        real = os.path.realpath(path)
-        if path in self._absent and real != os.path.normpath(path):
-            # Nothing was there when first seen; what appeared since goes through a symlink
-            # a command may have planted (e.g. `ln -s / /tmp/later`): never grant it.
-            raise _refuse(f"workspace root changed: {path}")
-        if writable:
-            link = _planted_link(path)
-            if link is not None:
-                raise _refuse(
-                    f"workspace root {path} leads through {link}, a symlink in a directory "
-                    "confined commands can write: pass the root's real path"
-                )
-            kernel = _kernel_filesystem_under(real)
-            if kernel is not None:
-                raise _refuse(
-                    f"writable root {path} reaches the kernel's {kernel[1]} filesystem "
-                    f"at {kernel[0]}"
-                )
         try:
-            fd = os.open(real, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+            walked = _walk(path, writable=writable)
         except OSError:
+            raise _refuse(f"workspace root changed: {path}") from None
+        if walked is None:
             with self._lock:
                 if len(self._absent) < _MAX_PINNED_ROOTS:
                     self._absent.add(path)
             return None
+        fd = walked.fd
         try:
+            real = _fd_path(fd)
             st = os.fstat(fd)
+            same = real.startswith("/") and _identity(os.stat(real)) == _identity(st)
         except OSError:
+            same = False
+        if not same:  # moved or removed while it was walked
             os.close(fd)
-            return None
+            raise _refuse(f"workspace root changed: {path}")
+        refusal = None
+        if path in self._absent and (walked.followed or real != os.path.normpath(path)):
+            # Nothing was there when first seen; what appeared since goes through a symlink
+            # a command may have planted (e.g. `ln -s / /tmp/later`): never grant it.
+            refusal = f"workspace root changed: {path}"
+        elif writable and walked.planted is not None:
+            refusal = (
+                f"workspace root {path} leads through {walked.planted}, a symlink in a "
+                "directory confined commands can write: pass the root's real path"
+            )
+        elif writable:
+            kernel = _kernel_filesystem_under(real)
+            if kernel is not None:
+                where, fs = kernel
+                refusal = f"writable root {path} reaches the kernel's {fs} filesystem at {where}"
+        if refusal is not None:
+            os.close(fd)
+            raise _refuse(refusal)
         ident = (st.st_dev, st.st_ino)
         with self._lock:
             for key in (path, real):
@@ -457,7 +538,7 @@ class SandboxShellExecutor(LocalShellExecutor):
                 network=policy.network,
             )
         pinned = self._pins.pin(workspace, writable=policy.mode == "workspace-write")
-        workspace = pinned[0] if pinned else os.path.realpath(workspace)
+        workspace = pinned[0] if pinned else _realpath(workspace)
         real_roots: list[str] = []
         if policy.mode == "workspace-write":
             tmpdir = os.environ.get("TMPDIR")
@@ -466,7 +547,7 @@ class SandboxShellExecutor(LocalShellExecutor):
                 roots.append(tmpdir)
             for root in roots:
                 got = self._pins.pin(root, writable=True)
-                real = got[0] if got else os.path.realpath(root)
+                real = got[0] if got else _realpath(root)
                 if real not in real_roots and real != workspace:
                     real_roots.append(real)
         return SandboxPolicy(
