@@ -354,6 +354,13 @@ def test_present_call_is_pure_and_resolves_cwd() -> None:
     assert executor.requests == []
 
 
+def test_present_result_of_a_forged_huge_exit_code_does_not_raise() -> None:
+    # Found by attacking: ValueError (int's 4,300-digit limit) out of the presenter.
+    tool, _, _ = make()
+    text = "x\n[exit code: 1" + "0" * 5000 + "]"
+    assert tool.present_result(ToolResult(text, False, None)) == {"output": text, "status": None}
+
+
 def test_present_result_strips_only_the_status_marker() -> None:
     tool, _, _ = make()
     text = (

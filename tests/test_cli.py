@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -204,6 +205,42 @@ def test_every_option_of_every_command_has_help() -> None:
 def test_stdin_is_passed_to_the_command_when_not_a_terminal() -> None:
     p = cli("run", "--", "cat", stdin="data\n")
     assert (p.returncode, p.stdout) == (0, "data\n[exit code: 0]\n")
+
+
+def test_stdin_over_the_limit_is_one_usage_line_not_the_hosts_memory() -> None:
+    # Found by attacking: `yes | shellseam run -- head -1` read stdin without a bound (the
+    # CLI grew until the host's memory ran out; under `ulimit -v` a MemoryError traceback).
+    limit_mib = 64
+    for shell_input in ("yes |", "cat /dev/zero |"):
+        # A session of its own: a failing run is killed whole (the pipeline's writer too).
+        with subprocess.Popen(
+            ["bash", "-c", f"{shell_input} {shlex.join(CLI)} run -- head -c 1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        ) as pipeline:
+            try:
+                out, err = pipeline.communicate(timeout=60)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pipeline.pid, signal.SIGKILL)
+        assert pipeline.returncode == 2, err
+        assert out == ""
+        assert err == (
+            f"shellseam: stdin is over {limit_mib} MiB (the CLI passes its stdin on as bytes, "
+            "read to its end first): let the command read the file itself\n"
+        )
+    exactly = cli("run", "--", "wc -c", stdin="y" * (limit_mib * 2**20))
+    assert exactly.stdout == f"{limit_mib * 2**20}\n[exit code: 0]\n"
+
+
+@pytest.mark.parametrize(("sig", "name"), [(35, "SIG35"), (40, "SIG40"), (64, "SIGRTMAX")])
+def test_a_real_time_signal_exits_128_plus_its_number(sig: int, name: str) -> None:
+    # SIG35 and SIG40 exited 137 (SIGKILL's) before: the name was not in signal.Signals.
+    p = cli("run", "--", f"kill -{sig} $$")
+    assert p.stdout == f"(no output)\n[killed by signal: {name}]\n"
+    assert p.returncode == 128 + sig
 
 
 def test_a_terminal_stdin_is_not_read() -> None:

@@ -234,3 +234,12 @@ def test_parse_consumes_only_a_final_marker(text: str, status: int | str | None)
     expected = {"exit_code": status} if isinstance(status, int) else {"signal": status}
     assert parse_exit_status(text + "\n" + marker) == (text, expected)
     assert parse_exit_status(marker) == ("", expected)
+
+
+def test_an_exit_code_past_ints_digit_limit_is_not_a_marker() -> None:
+    # Found by attacking: 5,000 digits raised ValueError (int's digit limit) out of
+    # parse_exit_status, and so out of BashTool.present_result; replayed text must never raise.
+    text = "x\n[exit code: 1" + "0" * 5000 + "]"
+    assert parse_exit_status(text) == (text, None)
+    longest = "x\n[exit code: " + "9" * 19 + "]"
+    assert parse_exit_status(longest) == ("x", {"exit_code": 10**19 - 1})

@@ -49,22 +49,32 @@ def exit_status(exit_code: int | None, signal_name: str | None) -> int:
     """The CLI's exit status for a command's outcome: its code, or 128+n for signal n."""
     if exit_code is not None:
         return exit_code
-    try:
-        return 128 + int(signal.Signals[signal_name or "SIGKILL"])
-    except KeyError:
-        return 128 + signal.SIGKILL
+    number = render.signal_number(signal_name) if signal_name else None
+    return 128 + (number or signal.SIGKILL)
+
+
+#: The most of its own stdin the CLI passes on (the call's stdin is bytes written up front).
+STDIN_LIMIT_BYTES = 64 * 2**20
 
 
 def _stdin_bytes() -> bytes | None:
-    """The CLI's stdin for the command when it is not a terminal (and is open at all)."""
+    """The CLI's stdin for the command when it is not a terminal (and is open at all), read
+    to its end; more than ``STDIN_LIMIT_BYTES`` is a usage error (``yes | shellseam run``
+    grew the CLI until the host's memory ran out: found by attacking)."""
     if sys.stdin is None:
         return None
     try:
         if os.isatty(0):
             return None
-        return sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(STDIN_LIMIT_BYTES + 1)
     except (OSError, ValueError):
         return None
+    if len(data) > STDIN_LIMIT_BYTES:
+        raise _Usage(
+            f"stdin is over {STDIN_LIMIT_BYTES // 2**20} MiB (the CLI passes its stdin on as "
+            "bytes, read to its end first): let the command read the file itself"
+        )
+    return data
 
 
 def _limits(args: argparse.Namespace) -> ResourceLimits | None:
@@ -108,8 +118,8 @@ def run_command(args: argparse.Namespace) -> int:
     """``shellseam run``: the exit status (see ``shellseam run --help``)."""
     # stdin is read before the stop signals are taken over: Ctrl-C while it is still open
     # interrupts the read (exit 130) instead of waiting for its end.
-    stdin = _stdin_bytes()
     try:
+        stdin = _stdin_bytes()
         return asyncio.run(_run(args, stdin))
     except _Usage as err:
         return _fail(EXIT_USAGE, str(err))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
@@ -38,7 +39,9 @@ _SHELL_ERROR_PREFIX = {
     DISPOSED: "shell service disposed",
 }
 
-_EXIT_MARKER = re.compile(r"\[exit code: (-?[0-9]+)\]")
+#: An exit code has at most 19 digits here: a longer "code" is not a marker (and would pass
+#: ``int``'s digit limit: ``ValueError`` out of a presenter, found by attacking).
+_EXIT_MARKER = re.compile(r"\[exit code: (-?[0-9]{1,19})\]")
 _SIGNAL_MARKER = re.compile(r"\[killed by signal: (.+)\]")
 EXIT_STATUS_UNKNOWN_MARKER = "[exit status unknown]"
 
@@ -209,6 +212,17 @@ def parse_exit_status(text: str) -> tuple[str, ExitStatus | None]:
     if last == EXIT_STATUS_UNKNOWN_MARKER:
         return body, {"unknown": True}
     return text, None
+
+
+def signal_number(name: str) -> int | None:
+    """The number of a signal as results name it (``SIGTERM``, ``SIGRTMAX``, or ``SIG35`` for
+    a real-time signal without a name of its own); None for any other string."""
+    if name in signal.Signals.__members__:
+        return int(signal.Signals[name])
+    digits = name.removeprefix("SIG")
+    if digits.isascii() and digits.isdigit() and len(digits) <= 3:
+        return int(digits)
+    return None
 
 
 def render_background_started(task_id: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import subprocess
 from typing import Any, Literal
 
@@ -28,7 +27,7 @@ from pydantic import BaseModel
 
 from ..executor import ShellExecutor
 from ..factory import make_executor
-from ..render import join_parts, render_markers
+from ..render import join_parts, render_markers, signal_number
 from ..types import SandboxMode, ShellExecRequest, ShellRunResult
 
 # LocalEnvironment gives the shell one pipe for stdout and stderr. shellseam keeps two, so the
@@ -209,6 +208,5 @@ def _returncode(result: ShellRunResult) -> int:
     """Popen's convention: the exit code, or minus the signal number that killed the shell."""
     if result.exit_code is not None:
         return result.exit_code
-    if result.signal is not None and result.signal in signal.Signals.__members__:
-        return -signal.Signals[result.signal].value
-    return -1
+    number = signal_number(result.signal) if result.signal is not None else None
+    return -number if number else -1
