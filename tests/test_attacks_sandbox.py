@@ -35,6 +35,7 @@ from shellseam import (
     SubprocessService,
     landlock_abi,
 )
+from shellseam.sandbox import _identity, _inside
 
 ABI = landlock_abi()
 pytestmark = pytest.mark.skipif(ABI < 1, reason="kernel has no Landlock")
@@ -278,12 +279,9 @@ def test_1_a_root_swapped_while_it_is_first_pinned_never_pins_where_the_link_lea
         os.mkdir(os.path.join(box["protected"], "sub"))
         os.symlink(box["protected"], flip_b)
         victim = os.path.join(flip_a, "sub")
-    outside = {
-        (st.st_dev, st.st_ino)
-        for st in (os.stat(box["protected"]), os.stat(os.path.join(box["protected"], ".")))
-    }
+    outside = {_identity(os.stat(box["protected"]))}
     if swapped == "parent":
-        outside.add(_ident(os.path.join(box["protected"], "sub")))
+        outside.add(_identity(os.stat(os.path.join(box["protected"], "sub"))))
     attacker = sandbox(box, svc)
     flipper = attacker.start(
         attacker.resolve(ShellExecRequest(command=f"{py(_FLIPPER)} {flip_a} {flip_b} 4"))
@@ -321,15 +319,6 @@ def test_1_a_root_swapped_while_it_is_first_pinned_never_pins_where_the_link_lea
     assert sorted(os.listdir(box["protected"])) == (
         ["file"] if swapped == "root" else ["file", "sub"]
     )
-
-
-def _ident(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino)
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def test_1_relative_and_non_absolute_roots_are_invalid(

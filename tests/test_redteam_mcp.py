@@ -188,26 +188,33 @@ def test_a_file_on_stdin_gets_the_same_replies(tmp_path: Path) -> None:
     assert "serverInfo" in answered[1]["result"] and answered[2]["result"] == {}
 
 
+def assert_ray_address_refused(tmp_path: Path, address: str, reason: str) -> None:
+    """``shellseam mcp --ray-address <address>`` exits 125 at once with one line, the
+    REMOTE_UNAVAILABLE message ending in ``reason``, and no traceback."""
+    command = [sys.executable, "-m", "shellseam.cli", "mcp", "--ray-address", address]
+    done = subprocess.run(
+        [*command, "--workdir", str(tmp_path), "--home", str(tmp_path / "home")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 125, done.stderr
+    assert done.stdout == b""
+    assert done.stderr.decode().endswith(
+        f"REMOTE_UNAVAILABLE: cannot reach the Ray cluster at {address}: {reason}\n"
+    )
+    assert b"Traceback" not in done.stderr
+
+
 def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path: Path) -> None:
     # Found by attacking: `ray.init` retried an address nothing listens on for minutes,
     # printing Ray's log lines, and SIGTERM did not end it.
     pytest.importorskip("ray")
     with socket.socket() as s:  # a loopback port surely closed: bound, never listening
         s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-        command = [sys.executable, "-m", "shellseam.cli", "mcp", "--ray-address", address]
-        done = subprocess.run(
-            [*command, "--workdir", str(tmp_path), "--home", str(tmp_path / "home")],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=60,
+        assert_ray_address_refused(
+            tmp_path, f"127.0.0.1:{s.getsockname()[1]}", "Connection refused"
         )
-    assert done.returncode == 125
-    assert done.stdout == b""
-    assert done.stderr.decode().endswith(
-        f"REMOTE_UNAVAILABLE: cannot reach the Ray cluster at {address}: Connection refused\n"
-    )
-    assert b"Traceback" not in done.stderr
 
 
 class _FakeServer:
@@ -261,18 +268,6 @@ def test_a_ray_address_that_is_not_a_ray_cluster_is_one_line(
     pytest.importorskip("ray")
     server = _FakeServer(reply)
     try:
-        command = [sys.executable, "-m", "shellseam.cli", "mcp", "--ray-address", server.address]
-        done = subprocess.run(
-            [*command, "--workdir", str(tmp_path), "--home", str(tmp_path / "home")],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=60,
-        )
+        assert_ray_address_refused(tmp_path, server.address, reason)
     finally:
         server.close()
-    assert done.returncode == 125, done.stderr
-    assert done.stdout == b""
-    assert done.stderr.decode().endswith(
-        f"REMOTE_UNAVAILABLE: cannot reach the Ray cluster at {server.address}: {reason}\n"
-    )
-    assert b"Traceback" not in done.stderr

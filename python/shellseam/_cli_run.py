@@ -21,7 +21,7 @@ from typing import Any
 
 from . import render
 from .abort import AbortController
-from .errors import INVALID_REQUEST, SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
+from .errors import SANDBOX_UNAVAILABLE, SPAWN_FAILED, ShellError
 from .executor import ShellExecutor
 from .factory import make_executor
 from .paths import cli_spill_parent, logical_cwd
@@ -31,7 +31,6 @@ from .service import SubprocessService
 from .types import CollectedOutput, ResourceLimits, ShellExecRequest, ShellExecSpec, ShellRunResult
 
 EXIT_USAGE = 2
-EXIT_INFRASTRUCTURE = 125
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: How often an idle ``--stream`` looks for new output (the live view's latency).
 STREAM_POLL_S = 0.03
@@ -123,9 +122,6 @@ def run_command(args: argparse.Namespace) -> int:
         return asyncio.run(_run(args, stdin))
     except _Usage as err:
         return _fail(EXIT_USAGE, str(err))
-    except ShellError as err:
-        code = EXIT_USAGE if err.code == INVALID_REQUEST else EXIT_INFRASTRUCTURE
-        return _fail(code, f"{err.code}: {err.reason}")
 
 
 async def _run(args: argparse.Namespace, stdin: bytes | None) -> int:

@@ -72,12 +72,12 @@ def check_line(line: bytes) -> tuple[str | None, str | None]:
         return None, error_line(PARSE_ERROR, "Parse error: a number is too long")
     request_id = _request_id(message)
     has_id = isinstance(message, dict) and message.get("id") is not None
-    if has_id and request_id is None:  # a float, bool, array or object id: no usable id
-        reason = "Invalid Request: id must be a string or an integer"
-        return None, error_line(INVALID_REQUEST, reason)
-    if isinstance(message, dict) and "method" in message and "id" in message and not has_id:
-        # A request with a null id (MCP forbids it): the SDK would take it for a
-        # notification and never answer it.
+    # A float, bool, array or object id is no usable id; a request with a null id (MCP
+    # forbids it) the SDK would take for a notification and never answer.
+    null_id_request = (
+        isinstance(message, dict) and "method" in message and "id" in message and not has_id
+    )
+    if (has_id and request_id is None) or null_id_request:
         reason = "Invalid Request: id must be a string or an integer"
         return None, error_line(INVALID_REQUEST, reason)
     try:

@@ -198,6 +198,7 @@ def _walk(path: str, *, writable: bool) -> _Walked | None:
     stack: list[str | _LeavesLink] = [part for part in reversed(path.split("/")) if part]
     fd = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
     links, followed, planted = 0, False, None
+    walked = None
     try:
         while stack:
             part = stack.pop()
@@ -212,14 +213,12 @@ def _walk(path: str, *, writable: bool) -> _Walked | None:
             try:
                 nxt = os.open(part, _WALK_FLAGS, dir_fd=fd)
             except OSError:
-                os.close(fd)
                 return None
             try:
                 is_link = stat.S_ISLNK(os.fstat(nxt).st_mode)
                 target = os.readlink("", dir_fd=nxt) if is_link else ""
             except OSError:
                 os.close(nxt)
-                os.close(fd)
                 return None
             if not is_link:
                 os.close(fd)
@@ -228,7 +227,6 @@ def _walk(path: str, *, writable: bool) -> _Walked | None:
             os.close(nxt)
             links += 1
             if links > _MAX_LINKS or not target:
-                os.close(fd)
                 return None
             followed = True
             here = _fd_path(fd)
@@ -239,10 +237,11 @@ def _walk(path: str, *, writable: bool) -> _Walked | None:
                 top = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
                 os.close(fd)
                 fd = top
-    except BaseException:
-        os.close(fd)
-        raise
-    return _Walked(fd, followed, planted)
+        walked = _Walked(fd, followed, planted)
+        return walked
+    finally:
+        if walked is None:  # nothing there, or an error: the caller gets no fd to close
+            os.close(fd)
 
 
 #: Kernel interface filesystems a writable root must never lie on: writing there moves
@@ -316,7 +315,7 @@ class _PinnedRoots:
                 st = os.stat(path)
             except OSError:
                 raise _refuse(f"workspace root changed: {path}") from None
-            if (st.st_dev, st.st_ino) != known[1]:
+            if _identity(st) != known[1]:
                 raise _refuse(f"workspace root changed: {path}")
             return known
         return self._pin_first(path, writable)
@@ -334,8 +333,8 @@ class _PinnedRoots:
         fd = walked.fd
         try:
             real = _fd_path(fd)
-            st = os.fstat(fd)
-            same = real.startswith("/") and _identity(os.stat(real)) == _identity(st)
+            ident = _identity(os.fstat(fd))
+            same = real.startswith("/") and _identity(os.stat(real)) == ident
         except OSError:
             same = False
         if not same:  # moved or removed while it was walked
@@ -359,7 +358,6 @@ class _PinnedRoots:
         if refusal is not None:
             os.close(fd)
             raise _refuse(refusal)
-        ident = (st.st_dev, st.st_ino)
         with self._lock:
             for key in (path, real):
                 known = self._known.get(key)
